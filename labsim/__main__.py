@@ -1,0 +1,5 @@
+import sys
+
+from labsim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""The ``labsim`` command line.  Each sub-command lives in its own module of this package
+with ``add_arguments(parser)`` and ``run(args) -> int``; exit code 2 means bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, str] = {
+    "hardware": "list the hardware catalog",
+    "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="labsim",
+        description="The GPU training-acceleration lab: simulator and course tools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS.items():
+        module = importlib.import_module(f"labsim.cli.{name}")
+        p = sub.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except ValueError as exc:  # bad input: a clear message and exit code 2
+        print(f"labsim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

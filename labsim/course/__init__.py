@@ -1,0 +1,1 @@
+"""Course tooling: release (solutions -> labs) and grading."""

@@ -1,0 +1,244 @@
+"""Release: turn ``solutions/NN_topic.ipynb`` (the single source of a lab) into ``labs/``.
+
+``release`` executes each solution notebook, keeps the output of every check cell (the PASS
+line of a correct solution) and writes two files:
+
+- ``solutions/NN_topic.ipynb`` normalised: ids on every cell, only check-cell outputs kept,
+  so ``pytest --nbval-lax solutions/`` compares those lines against a fresh run;
+- ``labs/NN_topic.ipynb``: solution blocks replaced by ``raise NotImplementedError(...)``,
+  ``solution-only`` cells dropped, every output cleared except the check cells'.
+
+Both are written atomically and deterministically: releasing twice gives identical bytes.
+``check`` derives the labs from the solutions as they are stored (without executing) and
+names every lab that differs from ``labs/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from labsim.course import notebook as nbk
+from labsim.course.notebook import NotebookError
+
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+KEPT_CELL_METADATA = ("tags", "points")
+CELL_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What release did (or would do) for one lab."""
+
+    name: str
+    lab_path: Path
+    changed: bool
+    reason: str = ""
+
+
+def _cell_id(stem: str, index: int, source: str) -> str:
+    digest = hashlib.sha1(f"{stem}:{index}:{source}".encode()).hexdigest()
+    return digest[:12]
+
+
+def validate(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Raise ``NotebookError`` naming the file and cell for any misplaced or unbalanced marker."""
+    for index, cell in enumerate(nb.cells):
+        where = f"{path}: {nbk.cell_label(index, cell)}"
+        if nbk.has_solution(cell):
+            if cell.cell_type != "code":
+                raise NotebookError(
+                    f"{where}: solution markers are only allowed in code cells "
+                    f"(this is a {cell.cell_type} cell)"
+                )
+            if nbk.is_check(cell):
+                raise NotebookError(f"{where}: a check cell cannot contain a solution block")
+            nbk.stub_out(cell.source, where)  # raises on unbalanced markers
+
+
+def _clean_outputs(outputs: list) -> list:
+    """Keep what a check printed, without timing metadata; merge adjacent stream pieces."""
+    cleaned: list = []
+    for out in outputs:
+        out = copy.deepcopy(out)
+        if out.output_type == "stream":
+            if (
+                cleaned
+                and cleaned[-1].output_type == "stream"
+                and cleaned[-1].name == out.name
+            ):
+                cleaned[-1].text += out.text
+                continue
+            cleaned.append(nbformat.v4.new_output("stream", name=out.name, text=out.text))
+        elif out.output_type in ("display_data", "execute_result"):
+            cleaned.append(nbformat.v4.new_output("display_data", data=out.data))
+        else:  # error
+            cleaned.append(out)
+    return cleaned
+
+
+def normalize_solution(
+    nb: nbformat.NotebookNode, stem: str, executed: nbformat.NotebookNode | None = None
+) -> nbformat.NotebookNode:
+    """The stored form of a solution notebook: ids, check outputs only, minimal metadata.
+
+    With ``executed`` (the same notebook after a run) check outputs come from that run;
+    otherwise the check outputs already stored are kept.
+    """
+    out = nbformat.v4.new_notebook()
+    out.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    seen: set[str] = set()
+    for index, cell in enumerate(nb.cells):
+        source = cell.source
+        cid = cell.get("id") or _cell_id(stem, index, source)
+        if cid in seen:
+            cid = _cell_id(stem, index, source)
+        seen.add(cid)
+        meta = {k: cell.metadata[k] for k in KEPT_CELL_METADATA if k in cell.metadata}
+        if cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(source, metadata=meta)
+            if nbk.is_check(cell):
+                src = executed.cells[index] if executed is not None else cell
+                new.outputs = _clean_outputs(src.get("outputs", []))
+                new.execution_count = index + 1 if new.outputs else None
+        elif cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(source, metadata=meta)
+        else:
+            new = nbformat.v4.new_raw_cell(source, metadata=meta)
+        new.id = cid
+        out.cells.append(new)
+    return out
+
+
+def make_lab(solution: nbformat.NotebookNode, path: Path) -> nbformat.NotebookNode:
+    """The learner's notebook derived from a normalised solution notebook."""
+    lab = nbformat.v4.new_notebook()
+    lab.metadata = copy.deepcopy(solution.metadata)
+    for index, cell in enumerate(solution.cells):
+        if nbk.is_solution_only(cell):
+            continue
+        new = copy.deepcopy(cell)
+        kind = nbk.role(cell)
+        if kind == "exercise":
+            new.source = nbk.stub_out(cell.source, f"{path}: {nbk.cell_label(index, cell)}")
+        if cell.cell_type == "code" and kind != "check":
+            new.outputs = []
+            new.execution_count = None
+        new.metadata["labsim"] = {"role": kind}
+        lab.cells.append(new)
+    return lab
+
+
+def execute(
+    nb: nbformat.NotebookNode, path: Path, timeout_s: int = CELL_TIMEOUT_S
+) -> nbformat.NotebookNode:
+    """Run a notebook top to bottom in a fresh kernel (cwd = its folder); errors name the cell."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    run = copy.deepcopy(nb)
+    client = NotebookClient(
+        run,
+        timeout=timeout_s,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(Path(path).parent)}},
+    )
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        raise NotebookError(
+            f"{path}: a cell failed while executing the solution:\n{exc}"
+        ) from None
+    return run
+
+
+def solution_paths(solutions_dir: Path, names: Iterable[str] = ()) -> list[Path]:
+    paths = sorted(Path(solutions_dir).glob("[0-9][0-9]_*.ipynb"))
+    wanted = list(names)
+    if wanted:
+        paths = [p for p in paths if any(p.stem == n or p.stem.startswith(n) for n in wanted)]
+        if not paths:
+            raise NotebookError(f"no solution notebook in {solutions_dir} matches {wanted}")
+    return paths
+
+
+def release_one(path: Path, labs_dir: Path, run: bool = True) -> Outcome:
+    """Execute (if ``run``) and release one solution notebook, rewriting both files."""
+    nb = nbk.read(path)
+    validate(nb, path)
+    executed = execute(nb, path) if run else None
+    solution = normalize_solution(nb, path.stem, executed)
+    lab = make_lab(solution, path)
+    sol_text, lab_text = nbk.dumps(solution), nbk.dumps(lab)
+    lab_path = Path(labs_dir) / path.name
+    changed = (
+        not lab_path.exists()
+        or lab_path.read_text(encoding="utf-8") != lab_text
+        or path.read_text(encoding="utf-8") != sol_text
+    )
+    nbk.write_atomic(path, sol_text)
+    nbk.write_atomic(lab_path, lab_text)
+    return Outcome(path.stem, lab_path, changed)
+
+
+def check_one(path: Path, labs_dir: Path) -> Outcome:
+    """Compare ``labs/`` with the release of the stored solution, without executing it."""
+    lab_path = Path(labs_dir) / path.name
+    nb = nbk.read(path)
+    validate(nb, path)
+    solution = normalize_solution(nb, path.stem)
+    if nbk.dumps(solution) != path.read_text(encoding="utf-8"):
+        return Outcome(path.stem, lab_path, True, "the solution notebook is not normalised")
+    missing = [
+        nbk.cell_label(i, c)
+        for i, c in enumerate(solution.cells)
+        if nbk.is_check(c) and not c.outputs
+    ]
+    if missing:
+        return Outcome(
+            path.stem,
+            lab_path,
+            True,
+            f"check cells without a stored output: {', '.join(missing)}",
+        )
+    if not lab_path.exists():
+        return Outcome(path.stem, lab_path, True, f"{lab_path} does not exist")
+    if lab_path.read_text(encoding="utf-8") != nbk.dumps(make_lab(solution, path)):
+        return Outcome(path.stem, lab_path, True, f"{lab_path} differs from a fresh release")
+    return Outcome(path.stem, lab_path, False)
+
+
+def release(
+    solutions_dir: Path,
+    labs_dir: Path,
+    names: Iterable[str] = (),
+    *,
+    run: bool = True,
+    jobs: int = 1,
+) -> list[Outcome]:
+    """Release the selected labs (all by default), ``jobs`` notebooks at a time."""
+    paths = solution_paths(solutions_dir, names)
+    for path in paths:  # fail fast on malformed input, before any execution or write
+        validate(nbk.read(path), path)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda p: release_one(p, labs_dir, run), paths))
+
+
+def check(solutions_dir: Path, labs_dir: Path, names: Iterable[str] = ()) -> list[Outcome]:
+    """One ``Outcome`` per lab, plus one for each lab in ``labs_dir`` without a solution."""
+    paths = solution_paths(solutions_dir, names)
+    outcomes = [check_one(p, labs_dir) for p in paths]
+    if not list(names):
+        sources = {p.name for p in paths}
+        for orphan in sorted(Path(labs_dir).glob("*.ipynb")):
+            if orphan.name not in sources:
+                outcomes.append(
+                    Outcome(orphan.stem, orphan, True, "no solution notebook for this lab")
+                )
+    return outcomes

@@ -1,0 +1,328 @@
+"""The hardware catalog: GPUs and links, every number with its source.
+
+Peaks are **dense** FLOP/s.  Vendor sheets often print the 2x "with sparsity" figure for
+tensor cores (A100 "624 TFLOPS" FP16, H100 SXM "1979 TFLOPS" BF16); those are not what a
+dense training GEMM can reach and are never stored here.
+
+Links carry their line rate per direction and what NCCL really achieves on them for large
+messages (``nccl_efficiency``), because a ring all-reduce never runs at line rate: NVLink
+packets carry protocol headers and NCCL's kernels need a few percent of the time to reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator.
+
+    ``peak_flops`` maps a dtype key (see ``DTYPES``) to the dense peak in FLOP/s (OP/s for
+    int8); a dtype the chip has no unit for is absent.  ``memory_bytes`` is HBM/GDDR capacity
+    (decimal GB as the vendor states it), ``memory_bandwidth_Bps`` its bandwidth in bytes/s.
+    """
+
+    name: str
+    peak_flops: Mapping[str, float]
+    memory_bytes: float
+    memory_bandwidth_Bps: float
+    source: str
+    sram_bytes: float = 0.0  # on-chip shared memory + L1 per SM, summed over SMs
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.peak_flops) - set(DTYPES)
+        if unknown:
+            raise ValueError(
+                f"{self.name}: unknown dtype keys {sorted(unknown)}; use {DTYPES}"
+            )
+        if self.memory_bytes <= 0 or self.memory_bandwidth_Bps <= 0:
+            raise ValueError(f"{self.name}: memory size and bandwidth must be > 0")
+        object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; ValueError if the chip has no such unit."""
+        key = dtype.lower()
+        if key not in self.peak_flops:
+            raise ValueError(
+                f"{self.name} has no {dtype} peak in the catalog; it has "
+                f"{', '.join(self.peak_flops)}"
+            )
+        return self.peak_flops[key]
+
+    def ridge_point(self, dtype: str = "bf16") -> float:
+        """Arithmetic intensity (FLOP/byte) where the roofline turns compute-bound."""
+        return self.peak(dtype) / self.memory_bandwidth_Bps
+
+
+@dataclass(frozen=True)
+class Link:
+    """A GPU-to-GPU or node-to-node link in the alpha-beta model.
+
+    ``bandwidth_Bps`` is the line rate per direction, per GPU (NVLink: all links of one GPU
+    together; PCIe: one x16 slot; InfiniBand: one NIC port).  ``latency_s`` is the alpha term
+    of one message.  ``nccl_efficiency`` is the fraction of ``bandwidth_Bps`` that NCCL's ring
+    achieves for large messages, measured where a source gives it.
+    """
+
+    name: str
+    bandwidth_Bps: float
+    latency_s: float
+    source: str
+    nccl_efficiency: float = 1.0
+    efficiency_source: str = "line rate (no published NCCL figure)"
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_Bps <= 0:
+            raise ValueError(f"link {self.name}: bandwidth_Bps must be > 0")
+        if self.latency_s < 0:
+            raise ValueError(f"link {self.name}: latency_s must be >= 0")
+        if not 0 < self.nccl_efficiency <= 1:
+            raise ValueError(f"link {self.name}: nccl_efficiency must be in (0, 1]")
+
+    @property
+    def achieved_Bps(self) -> float:
+        """Bandwidth per direction that NCCL reaches for large messages."""
+        return self.bandwidth_Bps * self.nccl_efficiency
+
+
+T = 1e12
+_GPUS: tuple[GPU, ...] = (
+    GPU(
+        "V100-32GB",
+        {"fp64": 7.8 * T, "fp32": 15.7 * T, "fp16": 125 * T},
+        32e9,
+        900e9,
+        "NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor FP16, 15.7 FP32, 900 GB/s HBM2",
+        sram_bytes=80 * 128e3,
+    ),
+    GPU(
+        "A100-40GB",
+        {
+            "fp64": 9.7 * T,
+            "fp32": 19.5 * T,
+            "tf32": 156 * T,
+            "fp16": 312 * T,
+            "bf16": 312 * T,
+            "int8": 624 * T,
+        },
+        40e9,
+        1555e9,
+        "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16/FP16 dense (624 with sparsity), "
+        "1,555 GB/s HBM2",
+        sram_bytes=108 * 192e3,
+    ),
+    GPU(
+        "A100-80GB",
+        {
+            "fp64": 9.7 * T,
+            "fp32": 19.5 * T,
+            "tf32": 156 * T,
+            "fp16": 312 * T,
+            "bf16": 312 * T,
+            "int8": 624 * T,
+        },
+        80e9,
+        2039e9,
+        "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16/FP16 dense (624 with sparsity), "
+        "2,039 GB/s HBM2e",
+        sram_bytes=108 * 192e3,
+    ),
+    GPU(
+        "H100-SXM",
+        {
+            "fp64": 33.5 * T,
+            "fp32": 66.9 * T,
+            "tf32": 494.7 * T,
+            "fp16": 989.4 * T,
+            "bf16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "int8": 1978.9 * T,
+        },
+        80e9,
+        3.35e12,
+        "NVIDIA H100 datasheet (SXM5): BF16 1,979 TFLOPS with sparsity = 989.4 dense, "
+        "3.35 TB/s HBM3",
+        sram_bytes=132 * 256e3,
+    ),
+    GPU(
+        "H100-PCIe",
+        {
+            "fp64": 25.6 * T,
+            "fp32": 51.2 * T,
+            "tf32": 378 * T,
+            "fp16": 756 * T,
+            "bf16": 756 * T,
+            "fp8": 1513 * T,
+            "int8": 1513 * T,
+        },
+        80e9,
+        2.0e12,
+        "NVIDIA H100 datasheet (PCIe): BF16 1,513 TFLOPS with sparsity = 756 dense, 2 TB/s HBM2e",
+        sram_bytes=114 * 256e3,
+    ),
+    GPU(
+        "H200",
+        {
+            "fp64": 33.5 * T,
+            "fp32": 66.9 * T,
+            "tf32": 494.7 * T,
+            "fp16": 989.4 * T,
+            "bf16": 989.4 * T,
+            "fp8": 1978.9 * T,
+            "int8": 1978.9 * T,
+        },
+        141e9,
+        4.8e12,
+        "NVIDIA H200 datasheet (SXM): same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s",
+        sram_bytes=132 * 256e3,
+    ),
+    GPU(
+        "MI250X",
+        {
+            "fp64": 47.9 * T,
+            "fp32": 47.9 * T,
+            "fp16": 383 * T,
+            "bf16": 383 * T,
+            "int8": 383 * T,
+        },
+        128e9,
+        3.2768e12,
+        "AMD Instinct MI250X datasheet: 383 TFLOPS FP16/BF16 matrix, 47.9 TFLOPS FP32 vector "
+        "(95.7 FP32 *matrix*), 128 GB HBM2e, 3.2768 TB/s",
+        notes="fp32 is the vector rate; the 95.7 TFLOP/s figure is the FP32 matrix-core rate",
+    ),
+    GPU(
+        "RTX-4090",
+        {
+            "fp32": 82.6 * T,
+            "tf32": 82.6 * T,
+            "fp16": 165.2 * T,
+            "bf16": 165.2 * T,
+            "fp8": 330.3 * T,
+            "int8": 660.6 * T,
+        },
+        24e9,
+        1008e9,
+        "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): FP16/BF16 tensor 165.2 TFLOPS "
+        "dense with FP32 accumulate (330.3 with FP16 accumulate), 82.6 FP32, 24 GB GDDR6X, "
+        "1,008 GB/s",
+        sram_bytes=128 * 128e3,
+    ),
+    GPU(
+        "A6000",
+        {
+            "fp32": 38.7 * T,
+            "tf32": 77.4 * T,
+            "fp16": 154.8 * T,
+            "bf16": 154.8 * T,
+            "int8": 309.7 * T,
+        },
+        48e9,
+        768e9,
+        "NVIDIA RTX A6000 datasheet: 38.7 TFLOPS FP32, tensor 309.7 TFLOPS with sparsity = "
+        "154.8 dense FP16/BF16, 48 GB GDDR6, 768 GB/s",
+        sram_bytes=84 * 128e3,
+    ),
+)
+
+G = 1e9
+_LINKS: tuple[Link, ...] = (
+    Link(
+        "nvlink2",
+        150 * G,
+        3e-6,
+        "V100 SXM2: 6 NVLink2 links x 25 GB/s per direction (NVIDIA V100 datasheet: 300 GB/s "
+        "bidirectional)",
+    ),
+    Link(
+        "nvlink3",
+        300 * G,
+        3e-6,
+        "A100 SXM4: 12 NVLink3 links x 25 GB/s = 300 GB/s per direction (600 GB/s "
+        "bidirectional, NVIDIA A100 datasheet)",
+        nccl_efficiency=230 / 300,
+        efficiency_source="NCCL maintainers (nccl-tests issues): ~230 GB/s all-reduce busbw "
+        "on an 8xA100 NVLink node for >= 8 GB messages",
+    ),
+    Link(
+        "nvlink4",
+        450 * G,
+        3e-6,
+        "H100 SXM5: 18 NVLink4 links x 25 GB/s = 450 GB/s per direction (900 GB/s "
+        "bidirectional, NVIDIA H100 datasheet)",
+        nccl_efficiency=370 / 450,
+        efficiency_source="NCCL maintainers (nccl-tests issues): ~370 GB/s ring all-reduce "
+        "busbw on an 8xH100 NVLink node (~20 % protocol overhead)",
+    ),
+    Link(
+        "pcie3-x16",
+        15.75 * G,
+        5e-6,
+        "PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130 encoding = 15.75 GB/s per direction",
+    ),
+    Link(
+        "pcie4-x16",
+        31.5 * G,
+        5e-6,
+        "PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 encoding = 31.5 GB/s per direction",
+    ),
+    Link(
+        "pcie5-x16",
+        63 * G,
+        5e-6,
+        "PCIe 5.0 x16: 32 GT/s x 16 lanes x 128/130 encoding = 63 GB/s per direction",
+    ),
+    Link(
+        "ib-hdr",
+        25 * G,
+        5e-6,
+        "InfiniBand HDR: 200 Gb/s = 25 GB/s per port per direction",
+        nccl_efficiency=47 / 50,
+        efficiency_source="assumed equal to NDR's measured fraction (46-48 of 50 GB/s)",
+    ),
+    Link(
+        "ib-ndr",
+        50 * G,
+        5e-6,
+        "InfiniBand NDR: 400 Gb/s = 50 GB/s per port per direction",
+        nccl_efficiency=47 / 50,
+        efficiency_source="NCCL maintainers (nccl-tests issues): 46-48 GB/s busbw per "
+        "400 Gb/s NIC",
+    ),
+)
+
+
+def _index(items: tuple) -> Mapping[str, object]:
+    return MappingProxyType({item.name.lower(): item for item in items})
+
+
+GPUS: Mapping[str, GPU] = _index(_GPUS)  # read-only views: no mutable module state
+LINKS: Mapping[str, Link] = _index(_LINKS)
+
+
+def gpu(name: str | GPU) -> GPU:
+    """Look up a GPU by name (case-insensitive); a ``GPU`` passes through unchanged."""
+    if isinstance(name, GPU):
+        return name
+    try:
+        return GPUS[str(name).lower()]
+    except KeyError:
+        names = ", ".join(g.name for g in _GPUS)
+        raise ValueError(f"unknown GPU {name!r}; the catalog has: {names}") from None
+
+
+def link(name: str | Link) -> Link:
+    """Look up a link by name (case-insensitive); a ``Link`` passes through unchanged."""
+    if isinstance(name, Link):
+        return name
+    try:
+        return LINKS[str(name).lower()]
+    except KeyError:
+        names = ", ".join(lk.name for lk in _LINKS)
+        raise ValueError(f"unknown link {name!r}; the catalog has: {names}") from None

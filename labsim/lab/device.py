@@ -1,0 +1,102 @@
+"""Which device a lab runs on, and timing that waits for it.
+
+GPU work is asynchronous: a CUDA kernel launch returns before the kernel has run, so a wall
+clock read right after it measures the launch, not the work.  ``time_fn`` synchronises the
+device before and after every repetition.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """``prefer`` if given, else CUDA, then Apple's MPS, then the CPU."""
+    if prefer is not None:
+        device = torch.device(prefer)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "prefer='cuda' but no CUDA GPU is visible; use prefer=None or 'cpu'"
+            )
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """A human name: 'NVIDIA H100 80GB HBM3', 'Apple MPS' or 'CPU (2 threads)'."""
+    device = torch.device(device) if device is not None else pick_device()
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple MPS"
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until all queued work on ``device`` has finished (no-op on the CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call over ``repeat`` synchronised repetitions (after warm-up)."""
+
+    times_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def min_s(self) -> float:
+        return min(self.times_s)
+
+    def __repr__(self) -> str:
+        return (
+            f"Timing(median={self.median_s * 1e3:.3f} ms, min={self.min_s * 1e3:.3f} ms, "
+            f"n={len(self.times_s)})"
+        )
+
+
+def time_fn(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    warmup: int = 1,
+    repeat: int = 5,
+    max_seconds: float | None = None,
+) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then up to ``repeat`` timed ones.
+
+    ``max_seconds`` stops early (after at least one timed call) so a slow case cannot blow a
+    lab's time budget.
+    """
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times: list[float] = []
+    start_all = time.perf_counter()
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+        if max_seconds is not None and time.perf_counter() - start_all > max_seconds:
+            break
+    return Timing(tuple(times))

@@ -1,0 +1,111 @@
+"""Set up the course and run it: ``python3 tasks.py lab`` or ``python3 tasks.py test``.
+
+One file, standard library only, so a fresh machine with nothing but Python and pip can run
+it.  Both commands create ``.venv/`` beside this file (once), install the course into it and
+then either open JupyterLab on ``labs/`` or run the whole test suite.
+
+torch: when the virtual environment has no torch yet, ``torch==2.13.0`` is installed first
+(the version the course is tested with; where a local wheel of it is on pip's search path it
+comes from there in seconds).  If that exact version has no wheel for your platform, the
+newest torch your pip finds is installed instead.  A torch you already have is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+TESTED_TORCH = "torch==2.13.0"
+
+
+def _python() -> Path:
+    sub = "Scripts/python.exe" if os.name == "nt" else "bin/python"
+    return VENV / sub
+
+
+def _run(*args: str | Path, **kwargs) -> None:
+    print("+", " ".join(str(a) for a in args), flush=True)
+    subprocess.run([str(a) for a in args], check=True, **kwargs)
+
+
+def _has(python: Path, module: str) -> bool:
+    probe = (
+        f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{module}') is None)"
+    )
+    return subprocess.run([str(python), "-c", probe]).returncode == 0
+
+
+def setup(extras: str) -> Path:
+    """Create the virtual environment and install the package with ``extras``."""
+    if not _python().exists():
+        print(f"creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    py = _python()
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    if not _has(py, "torch"):
+        try:
+            _run(*pip, TESTED_TORCH)
+        except subprocess.CalledProcessError:
+            print(
+                f"{TESTED_TORCH} is not available here; installing the newest torch",
+                flush=True,
+            )
+            _run(*pip, "torch")
+    _run(*pip, "-e", f".[{extras}]", cwd=ROOT)
+    return py
+
+
+def lab(argv: list[str]) -> int:
+    """Set up, then open JupyterLab on labs/ (extra arguments go to jupyter lab)."""
+    py = setup("lab")
+    os.chdir(ROOT)
+    return subprocess.call([str(py), "-m", "jupyterlab", "labs/", *argv])
+
+
+def test(argv: list[str]) -> int:
+    """Set up, then run the whole test suite (extra arguments go to pytest)."""
+    py = setup("lab,test")
+    os.chdir(ROOT)
+    env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
+    steps = [
+        [py, "-m", "ruff", "check", "labsim", "tests", "benchmarks", "tasks.py"],
+        [py, "-m", "labsim", "release", "--check"],
+        [
+            py,
+            "-m",
+            "pytest",
+            "tests",
+            "solutions",
+            "--nbval-lax",
+            "--nbval-cell-timeout=300",
+            "-p",
+            "no:cacheprovider",
+            *argv,
+        ],
+    ]
+    for step in steps:
+        print("+", " ".join(str(s) for s in step), flush=True)
+        rc = subprocess.call([str(s) for s in step], env=env)
+        if rc:
+            return rc
+    return 0
+
+
+COMMANDS = {"lab": lab, "test": test}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(__doc__)
+        print("usage: python3 tasks.py {lab|test} [extra arguments]")
+        return 2
+    return COMMANDS[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
