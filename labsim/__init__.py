@@ -13,7 +13,8 @@ and ``course`` (release and grading), and the ``labsim`` command line in ``cli``
 """
 
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.trace import Span, Trace
 
 __version__ = "0.1.0"
 
-__all__ = ["GPU", "Link", "gpu", "link"]
+__all__ = ["GPU", "Link", "Span", "Trace", "gpu", "link"]
