@@ -1,0 +1,261 @@
+"""Compute cost of a transformer layer on one GPU: GEMMs, attention, memory-bound kernels.
+
+The closed-form face of the step simulator's compute (``labsim.sim.step`` executes these
+times).  Every time is one kernel class on one GPU of a tensor-parallel group, for one
+micro-batch of ``b`` sequences of ``s`` tokens:
+
+* **GEMMs** (QKV, attention projection, the two or three MLP matrices, the logits) take
+  ``max(FLOPs / (peak * eff(FLOPs)), bytes / (HBM * mem_eff))``: a roofline whose compute roof
+  is the dense peak times an efficiency that grows with the GEMM's size (small GEMMs leave SMs
+  idle in the last wave and cannot hide their loads), as in Calculon's system files (Isaev et
+  al. 2023, ``systems/a100_80g.json``: efficiency vs GEMM GFLOP).  Backward runs two GEMMs of
+  the same size per forward GEMM (data gradient and weight gradient).
+* **Attention core** (``softmax(QK^T) V``): with ``attention="flash"`` one fused kernel at a
+  published fraction of peak (causal: half the score blocks are skipped); with ``"standard"``
+  two batched GEMMs plus memory-bound softmax and dropout over the ``s x s`` scores, as
+  Megatron-LM ran in 2021 (fused scale-mask-softmax kernel).
+* **Memory-bound kernels** (layer norms, bias + dropout + residual, GeLU/SwiGLU, softmax,
+  cross-entropy, the optimizer) take bytes moved / (HBM bandwidth * efficiency).
+
+One set of constants per GPU type (``EFFICIENCY``), never per run; each carries its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from labsim.hardware import GPU
+
+# Shape of the GEMM efficiency curve: fraction of the plateau reached by a GEMM of at least
+# this many GFLOP (linear in log10 GFLOP in between).  Points from Calculon's A100/H100 system
+# files (Isaev et al. 2023, github.com/calculon-ai/calculon systems/a100_80g.json: 128 GFLOP ->
+# 0.95, 16 -> 0.90, 1 -> 0.60), divided by their 0.95 plateau so that the plateau itself comes
+# from a measurement (``gemm_plateau``).
+GEMM_SHAPE: tuple[tuple[float, float], ...] = ((128.0, 1.0), (16.0, 0.947), (1.0, 0.632),
+                                               (0.01, 0.105))
+# Achieved fraction of HBM bandwidth by transfer size in MB (Calculon, same files, "mem1").
+MEMORY_SHAPE: tuple[tuple[float, float], ...] = ((100.0, 0.90), (10.0, 0.75), (1.0, 0.60),
+                                                 (0.01, 0.30))
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achievable fractions of a GPU's datasheet peaks (one set per GPU type).
+
+    gemm_plateau: best large-GEMM throughput / dense peak (bf16/fp16).
+    flash_forward, flash_backward: FlashAttention kernel throughput / dense peak.
+    source: where each number comes from.
+    """
+
+    gemm_plateau: float
+    flash_forward: float
+    flash_backward: float
+    source: str
+
+    def gemm(self, flops: float) -> float:
+        """Fraction of dense peak a GEMM of ``flops`` FLOP achieves."""
+        return self.gemm_plateau * _curve(GEMM_SHAPE, flops / 1e9)
+
+
+_MAMF = ("maximum achievable matmul FLOPS measured by brute-force shape search, S. Bekman, "
+         "ml-engineering, compute/accelerator/README.md (CUDA 12.1)")
+_A100 = Efficiency(
+    0.859, 0.70, 0.55,
+    f"GEMM plateau 267.9 / 312 TFLOP/s, {_MAMF}; FlashAttention-2 on A100, head dim 128: "
+    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6)",
+)
+_H100 = Efficiency(
+    0.801, 0.65, 0.45,
+    f"GEMM plateau 792.1 / 989 TFLOP/s, {_MAMF}; FlashAttention-3 on H100 SXM, head dim "
+    "128, seq 2k: forward ~650, backward ~450 TFLOP/s (Shah et al. 2024, Fig. 5-6)",
+)
+_GENERIC = Efficiency(
+    0.80, 0.55, 0.45,
+    "no published measurement for this GPU: H100-like fractions assumed",
+)
+EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
+    "a100-40gb": _A100,
+    "a100-80gb": _A100,
+    "h100-sxm": _H100,
+    "h100-pcie": _H100,
+    "h200": _H100,
+})
+
+
+def efficiency(gpu: GPU) -> Efficiency:
+    """The efficiency constants of ``gpu`` (a generic set when none is published)."""
+    return EFFICIENCY.get(gpu.name.lower(), _GENERIC)
+
+
+def _curve(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise linear in log10(x) through ``points`` (descending x), clamped at both ends."""
+    if x >= points[0][0]:
+        return points[0][1]
+    for (x_hi, y_hi), (x_lo, y_lo) in zip(points, points[1:]):
+        if x >= x_lo:
+            w = (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo))
+            return y_lo + w * (y_hi - y_lo)
+    return points[-1][1]
+
+
+def memory_time(nbytes: float, gpu: GPU) -> float:
+    """Seconds for a memory-bound kernel moving ``nbytes`` through HBM."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / (gpu.memory_bandwidth_Bps * _curve(MEMORY_SHAPE, nbytes / 1e6))
+
+
+def gemm_time(m: int, n: int, k: int, gpu: GPU, dtype: str = "bf16", batch: int = 1,
+              bytes_per_element: int = 2) -> float:
+    """Seconds for ``batch`` GEMMs (m x k) @ (k x n) on ``gpu``: compute roof at the size-
+    dependent efficiency, or memory roof (read A and B, write C), whichever is slower."""
+    flops = 2.0 * m * n * k * batch
+    nbytes = bytes_per_element * (m * k + k * n + m * n) * batch
+    compute = flops / (gpu.peak(dtype) * efficiency(gpu).gemm(flops))
+    return max(compute, memory_time(nbytes, gpu))
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Time and FLOPs of one pass (forward, backward or recompute) of one unit on one GPU."""
+
+    time_s: float = 0.0
+    flops: float = 0.0
+
+    def __add__(self, other: PassCost) -> PassCost:
+        return PassCost(self.time_s + other.time_s, self.flops + other.flops)
+
+    def scaled(self, k: float) -> PassCost:
+        return PassCost(self.time_s * k, self.flops * k)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One transformer layer, one micro-batch, one GPU of the TP group.
+
+    forward, backward, recompute: compute only (TP communication is added by the engine);
+    recompute is what backward re-executes first (zero without recomputation).
+    model_flops: forward + backward FLOPs of the model (MFU numerator, no recomputation).
+    tp_bytes: payload of one TP all-reduce (or reduce-scatter + all-gather) of the layer
+        output, per GPU; a layer runs ``tp_collectives`` of them in forward and as many in
+        backward.
+    """
+
+    forward: PassCost
+    backward: PassCost
+    recompute: PassCost
+    model_flops: float
+    tp_bytes: float
+    tp_collectives: int = 2
+
+
+def layer_cost(model: object, micro_batch: int, gpu: GPU, *, tp: int = 1,
+               sequence_parallel: bool = False, recompute: str = "none",
+               attention: str = "flash", dtype: str = "bf16") -> LayerCost:
+    """Compute cost of one transformer layer (``model``: ``hidden``, ``heads``, ``seq_len``,
+    ``ffn_hidden``, ``kv_heads``, ``swiglu``) for ``micro_batch`` sequences on one GPU."""
+    h, a, s = int(model.hidden), int(model.heads), int(model.seq_len)
+    f = int(getattr(model, "ffn_hidden", None) or 4 * h)
+    kv = int(getattr(model, "kv_heads", None) or a)
+    swiglu = bool(getattr(model, "swiglu", False))
+    hd = h // a
+    e = 4 if dtype == "fp32" else 2
+    tokens = micro_batch * s
+    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    # GEMMs of one layer on one TP rank: (M, N, K); column-parallel QKV and fc1 split N,
+    # row-parallel projection and fc2 split K (Megatron-LM, Shoeybi et al. 2019).
+    gemms = [
+        (tokens, (h + 2 * kv * hd) // tp, h),  # QKV
+        (tokens, h, h // tp),  # attention output projection
+        (tokens, (2 if swiglu else 1) * f // tp, h),  # fc1 (gate and up for SwiGLU)
+        (tokens, h, f // tp),  # fc2
+    ]
+    fwd = PassCost()
+    bwd = PassCost()
+    for m, n, k in gemms:
+        t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e)
+        fwd += PassCost(t, 2.0 * m * n * k)
+        # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
+        t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
+            k, n, m, gpu, gemm_dtype, bytes_per_element=e)
+        bwd += PassCost(t_b, 4.0 * m * n * k)
+
+    # Attention core, heads a / tp: QK^T and (scores) V, 2 * 2 * b * s^2 * hd FLOP per head.
+    heads = a // tp
+    attn_flops = 4.0 * micro_batch * heads * s * s * hd
+    if attention == "flash":
+        peak = gpu.peak(gemm_dtype)
+        eff = efficiency(gpu)
+        # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
+        core_f = PassCost(0.5 * attn_flops / (peak * eff.flash_forward), attn_flops)
+        core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * eff.flash_backward),
+                          2.0 * attn_flops)  # FA2 backward: 5 GEMMs vs 2 forward
+    else:
+        bh = micro_batch * heads
+        scores = bh * s * s  # elements of the score matrix on this GPU
+        t_qk = gemm_time(s, s, hd, gpu, gemm_dtype, batch=bh, bytes_per_element=e)
+        t_av = gemm_time(s, hd, s, gpu, gemm_dtype, batch=bh, bytes_per_element=e)
+        # fused scale-mask-softmax: read + write e B per score; dropout: read, write, 1 B mask
+        soft_f = memory_time(scores * (2 * e + 2 * e + 1), gpu)
+        # backward: dropout (grad in/out, mask), softmax (probs, grad in, grad out)
+        soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu)
+        core_f = PassCost(t_qk + t_av + soft_f, attn_flops)
+        core_b = PassCost(2 * (t_qk + t_av) + soft_b, 2.0 * attn_flops)
+    fwd += core_f
+    bwd += core_b
+
+    # Memory-bound element-wise kernels (bytes per element of the b*s*h activations): two
+    # layer norms (read + write), two fused bias-dropout-residual-adds (two reads, one write,
+    # a 1-byte mask); the MLP activation on b*s*f/tp (GeLU: read + write; SwiGLU: two reads,
+    # one write).  Without sequence parallelism every TP rank repeats the b*s*h ones.
+    per_h = 2 * (2 * e) + 2 * (3 * e + 1)
+    shard = tp if sequence_parallel else 1
+    elem_bytes = tokens * h * per_h / shard + tokens * (f // tp) * (3 if swiglu else 2) * e
+    fwd += PassCost(memory_time(elem_bytes, gpu), 0.0)
+    bwd += PassCost(memory_time(2 * elem_bytes, gpu), 0.0)  # gradients in and out, saved input
+
+    if recompute == "full":
+        rec = fwd
+    elif recompute == "selective" and attention == "standard":
+        rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
+    else:  # flash attention already recomputes its scores inside the backward kernel
+        rec = PassCost()
+    model_flops = fwd.flops + bwd.flops
+    return LayerCost(fwd, bwd, rec, model_flops, float(tokens * h * e))
+
+
+def logits_cost(model: object, micro_batch: int, gpu: GPU, *, tp: int = 1,
+                dtype: str = "bf16") -> tuple[PassCost, PassCost]:
+    """Forward and backward of the output layer (logits GEMM, vocabulary split over TP) and
+    the cross-entropy (fp32 softmax over the vocabulary shard), on the last stage."""
+    h, s, v = int(model.hidden), int(model.seq_len), int(model.vocab)
+    e = 4 if dtype == "fp32" else 2
+    tokens = micro_batch * s
+    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    n = -(-v // tp)
+    t_f = gemm_time(tokens, n, h, gpu, gemm_dtype, bytes_per_element=e)
+    t_b = gemm_time(tokens, h, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
+        h, n, tokens, gpu, gemm_dtype, bytes_per_element=e)
+    ce = memory_time(tokens * n * (e + 4), gpu)  # read logits, write fp32 probabilities
+    flops = 2.0 * tokens * n * h
+    return PassCost(t_f + ce, flops), PassCost(t_b + ce, 2 * flops)
+
+
+def layer_params(model: object) -> int:
+    """Weights of one transformer layer (attention, MLP, two norms; biases ignored)."""
+    h, a = int(model.hidden), int(model.heads)
+    f = int(getattr(model, "ffn_hidden", None) or 4 * h)
+    kv = int(getattr(model, "kv_heads", None) or a)
+    mlp = (3 if getattr(model, "swiglu", False) else 2) * h * f
+    return h * (h + 2 * kv * (h // a)) + h * h + mlp + 4 * h
+
+
+def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam") -> float:
+    """One optimizer step over ``params`` local parameters: memory-bound.  Adam with fp32
+    master weights reads gradient (4 B), master, m, v (12 B) and writes master, m, v and the
+    16-bit copy (14 B): 30 B/param; SGD with momentum 18 B; plain SGD 14 B."""
+    per_param = {"adam": 30, "sgd-momentum": 18, "sgd": 14}[optimizer]
+    return memory_time(params * per_param, gpu)

@@ -1,0 +1,436 @@
+"""Simulate one training step: pipeline schedule, TP/DP/ZeRO communication, recompute, memory.
+
+``simulate_step(model, cluster, plan)`` runs one data-parallel replica (replicas are identical,
+so the cost of simulating does not grow with ``dp``) as a simpy process per pipeline stage.
+Each stage executes its op list from ``labsim.parallel.pipeline``:
+
+* a forward or backward op lasts its chunk's compute (``labsim.compute``) plus the blocking
+  tensor-parallel collectives of its layers (Megatron-LM: two all-reduces per layer forward and
+  two backward, or reduce-scatter + all-gather with sequence parallelism; repeated by full
+  recomputation), plus ZeRO-3's parameter all-gathers where prefetching cannot hide them;
+* it starts when its input has arrived: activations from the previous stage (forward) or
+  gradients from the next (backward), sent point to point over the link between the two
+  stages' nodes, one message at a time per direction, ``b s h / tp`` bytes per GPU (Megatron's
+  scatter-gather over the TP ranks' NICs).
+
+After a stage's last backward of a model chunk its gradients are final (gradient accumulation):
+they are reduced over the data-parallel group in ``bucket_bytes`` buckets on a communication
+stream, overlapped with the rest of backward when ``overlap_grad_reduce`` (buckets complete as
+backward walks the layers in reverse), otherwise after the stage's last backward.  ZeRO-1/2
+reduce-scatter the gradients and all-gather the updated parameters after the optimizer step.
+
+Simplifications (stated so the numbers can be judged): collectives of different groups do not
+contend for links; the optimizer step and the all-gather after it are not overlapped; the
+embedding-gradient all-reduce between first and last stage and the loss all-reduce are ignored.
+
+Trace: ``rank`` is the pipeline stage (TP rank 0 of replica 0); streams ``compute`` (forward,
+backward, recompute, and ``comm`` spans for TP and ZeRO-3 collectives), ``p2p`` (``send``) and
+``dp`` (gradient reduction, ``comm``), and ``optimizer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import simpy
+
+from labsim import compute
+from labsim.hardware import GPU, Link
+from labsim.hardware import gpu as lookup_gpu
+from labsim.parallel.pipeline import Op, make_schedule, max_in_flight
+from labsim.plan import Plan
+from labsim.trace import Trace
+
+_WIRE_FACTOR = {"allreduce": 2.0, "reduce_scatter": 1.0, "allgather": 1.0}
+
+
+def _collective_time(op: str, nbytes: float, n: int, link: Link) -> float:
+    """Closed-form ring collective time (``labsim.collectives``); zero for a group of one."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    from labsim.collectives import collective_time
+
+    return collective_time(op, nbytes, n, link)
+
+
+def _wire_bytes(op: str, nbytes: float, n: int) -> float:
+    """Bytes each GPU sends in a ring collective of an ``nbytes`` buffer over ``n`` GPUs."""
+    return _WIRE_FACTOR[op] * (n - 1) / n * nbytes if n > 1 else 0.0
+
+
+def _node_link(cluster: Any) -> Link:
+    """The inter-node link as one GPU sees it: its share of the node's NICs."""
+    share = min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
+    lk = cluster.inter_node
+    return replace(lk, bandwidth_Bps=lk.bandwidth_Bps * share) if share < 1 else lk
+
+
+def _group_link(cluster: Any, size: int, stride: int) -> Link:
+    """Link of a ring over ``size`` GPUs whose ranks are ``stride`` apart (rank 0 first):
+    NVLink when the whole group sits in one node, else the inter-node link (its bottleneck)."""
+    span = (size - 1) * stride + 1
+    return cluster.intra_node if span <= cluster.gpus_per_node else _node_link(cluster)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of ``simulate_step``.
+
+    step_time_s: one optimizer step; tokens_per_s: global tokens per second;
+    model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
+    mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
+    bubble_fraction: mean idle fraction of the pipeline stages' compute stream between the
+        first op and the last backward; memory: ``MemoryBreakdown`` of the first stage's GPU;
+    fits: memory.total <= GPU memory; breakdown: seconds by kind on stage 0;
+    trace: a ``Trace`` of every op, message, bucket and optimizer step (built lazily, since
+        a large pipeline has hundreds of thousands of spans).
+    """
+
+    step_time_s: float
+    tokens_per_s: float
+    model_flops_per_gpu_s: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    memory: Any
+    fits: bool
+    gpu_memory_bytes: float
+    plan: Plan = field(repr=False)
+    breakdown: dict = field(default_factory=dict, repr=False)
+    spans: list = field(default_factory=list, repr=False, compare=False)
+
+    @cached_property
+    def trace(self) -> Trace:
+        """The step's ``Trace`` (built from the raw spans on first access)."""
+        return _build_trace(self.spans, self.plan.virtual_stages > 1)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """Peak bytes per GPU (first pipeline stage)."""
+        return float(self.memory.total)
+
+    def __repr__(self) -> str:
+        fit = "fits" if self.fits else "DOES NOT FIT"
+        return (
+            f"StepResult(step {self.step_time_s:.4g} s, {self.tokens_per_s:.4g} tokens/s, "
+            f"{self.model_flops_per_gpu_s / 1e12:.4g} TFLOP/s/GPU, MFU {self.mfu:.1%}, "
+            f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, memory "
+            f"{self.peak_memory_bytes / 1e9:.4g} GB of {self.gpu_memory_bytes / 1e9:.4g} GB: "
+            f"{fit})"
+        )
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Per-op durations and FLOPs of one model chunk (global index) on one GPU."""
+
+    t_fwd: float
+    t_bwd: float
+    t_rec: float
+    comm_fwd: float  # blocking TP / ZeRO-3 communication inside a forward op
+    comm_bwd: float
+    flops_hw: float  # forward + recompute + backward FLOPs executed
+    flops_model: float
+    grad_bytes: float  # gradient bytes of this chunk on one GPU
+    param_bytes: float
+
+
+def _chunk_costs(model: Any, plan: Plan, gpu: GPU, cluster: Any) -> list[_Chunk]:
+    dtype = "fp32" if plan.precision == "fp32" else plan.precision
+    lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
+                            sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
+                            attention=plan.attention, dtype=dtype)
+    e = plan.bytes_per_element
+    n_chunks = plan.pp * plan.virtual_stages
+    per_chunk = int(model.layers) // n_chunks
+    tp_link = _group_link(cluster, plan.tp, 1)
+    if plan.sequence_parallel:  # reduce-scatter + all-gather of the same volume
+        one = (_collective_time("reduce_scatter", lc.tp_bytes, plan.tp, tp_link)
+               + _collective_time("allgather", lc.tp_bytes, plan.tp, tp_link))
+    else:
+        one = _collective_time("allreduce", lc.tp_bytes, plan.tp, tp_link)
+    tp_fwd = lc.tp_collectives * one
+    tp_rec = tp_fwd if plan.recompute == "full" else 0.0
+    lp = compute.layer_params(model) / plan.tp
+    # ZeRO-3: all-gather each layer's parameters before its forward and its backward, and
+    # reduce-scatter its gradients after backward, on a stream that prefetches one layer ahead:
+    # only what exceeds the layer's compute, and the first layer's gather, is exposed.
+    z3_f = z3_b = 0.0
+    if plan.zero_stage == 3 and plan.dp > 1:
+        dp_link = _group_link(cluster, plan.dp, plan.tp)
+        ag = _collective_time("allgather", lp * e, plan.dp, dp_link)
+        rs = _collective_time("reduce_scatter", lp * e, plan.dp, dp_link)
+        z3_f = ag + max(0.0, ag - lc.forward.time_s) * (per_chunk - 1)
+        z3_b = ag + max(0.0, ag + rs - lc.backward.time_s - lc.recompute.time_s) * (
+            per_chunk - 1) + rs
+    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp, dtype=dtype)
+    chunks = []
+    for g in range(n_chunks):
+        extra_f = head_f if g == n_chunks - 1 else compute.PassCost()
+        extra_b = head_b if g == n_chunks - 1 else compute.PassCost()
+        params = per_chunk * lp + (int(model.vocab) * int(model.hidden) / plan.tp
+                                   if g in (0, n_chunks - 1) else 0.0)
+        chunks.append(_Chunk(
+            t_fwd=per_chunk * lc.forward.time_s + extra_f.time_s,
+            t_bwd=per_chunk * lc.backward.time_s + extra_b.time_s,
+            t_rec=per_chunk * lc.recompute.time_s,
+            comm_fwd=per_chunk * tp_fwd + z3_f,
+            comm_bwd=per_chunk * (tp_fwd + tp_rec) + z3_b,
+            flops_hw=per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
+            + extra_f.flops + extra_b.flops,
+            flops_model=per_chunk * lc.model_flops + extra_f.flops + extra_b.flops,
+            grad_bytes=params * e,
+            param_bytes=params * e,
+        ))
+    return chunks
+
+
+def _p2p_time(cluster: Any, plan: Plan, model: Any, src: int, dst: int) -> float:
+    """One activation (or activation-gradient) message from stage ``src`` to ``dst``."""
+    e = plan.bytes_per_element
+    nbytes = plan.micro_batch * int(model.seq_len) * int(model.hidden) * e / plan.tp
+    stride = plan.tp * plan.dp  # Megatron rank order: tp fastest, then dp, then pp
+    same_node = (src * stride) // cluster.gpus_per_node == (dst * stride) // cluster.gpus_per_node
+    lk = cluster.intra_node if same_node else _node_link(cluster)
+    return lk.latency_s + nbytes / lk.achieved_Bps
+
+
+def _run_pipeline(plan: Plan, chunks: list[_Chunk], p2p: dict, spans: list) -> list[dict]:
+    """Execute the schedule with simpy; append raw span tuples to ``spans``; return per stage
+    its busy time, first start, last end, each chunk's last backward and the in-flight peak.
+    """
+    p, v = plan.pp, plan.virtual_stages
+    n_chunks = p * v
+    schedule = make_schedule(plan.schedule, p, plan.microbatches, v)
+    env = simpy.Environment()
+    timeout, event = env.timeout, env.event
+    arrivals: dict[tuple, simpy.Event] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    record = spans.append
+    stats = [{"busy": 0.0, "first": 0.0, "last": 0.0, "last_bwd": {}} for _ in range(p)]
+
+    # A message's arrival time is known when it is sent; ``arrivals`` holds that time, or,
+    # when the receiver asked first, the event it waits on.
+    def send(key: tuple, src: int, dst: int, now: float) -> None:
+        start = max(now, link_free.get((src, dst), 0.0))
+        end = start + p2p[(src, dst)]
+        link_free[(src, dst)] = end
+        record((src, "p2p", "send", start, end, key))
+        waiting = arrivals.get(key)
+        if waiting is None:
+            arrivals[key] = end
+        else:  # the receiver is already blocked on this message
+            timeout(end - now).callbacks.append(lambda _e, w=waiting: w.succeed())
+
+    def stage(s: int, ops: tuple[Op, ...]):
+        busy = 0.0
+        first = None
+        last_bwd = stats[s]["last_bwd"]
+        for kind, mb, chunk in ops:
+            g = chunk * p + s
+            c = chunks[g]
+            forward = kind == "F"
+            now = env.now
+            ready = now
+            if (g > 0) if forward else (g < n_chunks - 1):
+                key = (kind, mb, g)
+                arrival = arrivals.pop(key, None)
+                if arrival is None:  # not sent yet: wait for it
+                    arrivals[key] = ev = event()
+                    yield ev
+                    now = ready = env.now
+                elif arrival > now:
+                    ready = arrival
+            if forward:
+                work, comm = c.t_fwd, c.comm_fwd
+            else:
+                work, comm = c.t_rec + c.t_bwd, c.comm_bwd
+            start = ready
+            end = start + work + comm
+            yield timeout(end - now)  # wait for the message (if in flight) and compute
+            busy += end - start
+            if first is None:
+                first = start
+            if forward:
+                record((s, "compute", "forward", start, start + work, (kind, mb, g)))
+            else:
+                if c.t_rec > 0:
+                    record((s, "compute", "recompute", start, start + c.t_rec, (kind, mb, g)))
+                record((s, "compute", "backward", start + c.t_rec, start + work, (kind, mb, g)))
+                last_bwd[g] = (start, end)
+            if comm > 0:
+                record((s, "compute", "comm", start + work, end, (kind, mb, g)))
+            if forward:
+                if g < n_chunks - 1:
+                    send(("F", mb, g + 1), s, (g + 1) % p, end)
+            elif g > 0:
+                send(("B", mb, g - 1), s, (g - 1) % p, end)
+        stats[s].update(busy=busy, first=first, last=env.now)
+
+    for s in range(p):
+        env.process(stage(s, schedule[s]))
+    env.run()
+    for s in range(p):
+        stats[s]["in_flight"] = max_in_flight(schedule[s])
+    return stats
+
+
+def _time_by_kind(spans: list, rank: int) -> dict[str, float]:
+    """Seconds per span kind on ``rank`` (what ``Trace.time_by_kind`` gives, without the
+    trace)."""
+    totals: dict[str, float] = {}
+    for r, _stream, kind, start, end, _what in spans:
+        if r == rank:
+            totals[kind] = totals.get(kind, 0.0) + end - start
+    return totals
+
+
+def _build_trace(spans: list, chunked: bool) -> Trace:
+    """Turn the raw span tuples of a run into a ``Trace`` (built only when asked for)."""
+    trace = Trace(detail="op")
+    for rank, stream, kind, start, end, what in spans:
+        if isinstance(what, tuple):
+            op, mb, g = what
+            label = f"{op}{mb}" + (f" chunk {g}" if chunked else "")
+            if kind == "send":
+                label = f"send {label}"
+            elif kind == "comm":
+                label = f"{label} TP/ZeRO"
+            trace.add(rank, stream, kind, start, end, label)
+        else:
+            label, nbytes, args = what
+            trace.add(rank, stream, kind, start, end, label, nbytes=nbytes, **args)
+    return trace
+
+
+def _reduce_gradients(plan: Plan, cluster: Any, chunks: list[_Chunk], stats: list[dict],
+                      gpu: GPU, spans: list) -> list[float]:
+    """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
+
+    Buckets of a chunk become ready as its last backward walks the layers in reverse (overlap)
+    or all at the stage's last backward (no overlap); one communication stream per stage runs
+    them in order.  ZeRO-1/2 reduce-scatter instead of all-reduce and all-gather the updated
+    parameters after the optimizer; ZeRO-3 reduced its gradients inside backward already.
+    """
+    p, dp = plan.pp, plan.dp
+    link = _group_link(cluster, dp, plan.tp)
+    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
+    shard = dp if plan.zero_stage >= 1 else 1
+    ends = []
+    for s in range(p):
+        st = stats[s]
+        free = st["last"]
+        comm_free = 0.0
+        params = 0.0
+        for g, (b_start, b_end) in sorted(st["last_bwd"].items(), key=lambda kv: kv[1]):
+            c = chunks[g]
+            params += c.param_bytes / plan.bytes_per_element
+            if plan.zero_stage == 3 or dp == 1:
+                continue
+            n_buckets = max(1, int(-(-c.grad_bytes // plan.bucket_bytes)))
+            size = c.grad_bytes / n_buckets
+            t_bucket = _collective_time(op, size, dp, link)
+            for k in range(n_buckets):
+                if plan.overlap_grad_reduce:
+                    ready = b_start + (b_end - b_start) * (k + 1) / n_buckets
+                else:
+                    ready = st["last"]
+                start = max(ready, comm_free)
+                comm_free = start + t_bucket
+                spans.append((s, "dp", "comm", start, comm_free, (
+                    f"{op} bucket {k} chunk {g}", size,
+                    {"wire_bytes": _wire_bytes(op, size, dp), "op": op})))
+        t0 = max(free, comm_free)
+        t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
+        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ("optimizer step", 0.0, {})))
+        end = t0 + t_opt
+        if plan.zero_stage in (1, 2) and dp > 1:
+            nbytes = params * plan.bytes_per_element
+            t_ag = _collective_time("allgather", nbytes, dp, link)
+            spans.append((s, "dp", "comm", end, end + t_ag, (
+                "allgather parameters", nbytes,
+                {"wire_bytes": _wire_bytes("allgather", nbytes, dp), "op": "allgather"})))
+            end += t_ag
+        ends.append(end)
+    return ends
+
+
+def _zero3_trace(plan: Plan, chunks: list[_Chunk], spans: list) -> None:
+    """Record ZeRO-3's per-micro-batch traffic (all-gather before forward and before backward,
+    reduce-scatter after backward) as zero-length accounting spans on stage 0's dp stream."""
+    if plan.zero_stage != 3 or plan.dp == 1:
+        return
+    nbytes = sum(c.param_bytes for c in chunks)
+    for i in range(plan.microbatches):
+        for op in ("allgather", "allgather", "reduce_scatter"):
+            spans.append((0, "dp", "comm", 0.0, 0.0, (
+                f"ZeRO-3 {op} mb {i}", nbytes,
+                {"wire_bytes": _wire_bytes(op, nbytes, plan.dp), "op": op})))
+
+
+def _memory(model: Any, plan: Plan, gpu: GPU, in_flight: int) -> Any:
+    """Memory of the first stage's GPU: its model-state shard and its peak activations."""
+    from labsim.memory import activation_memory, training_memory
+
+    layers = int(model.layers) // plan.pp
+    params = (layers * compute.layer_params(model)
+              + int(model.vocab) * int(model.hidden)) / plan.tp
+    acts = activation_memory(model, micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
+                             sequence_parallel=plan.sequence_parallel,
+                             recompute=plan.recompute, virtual_stages=plan.virtual_stages)
+    # activation_memory assumes 1F1B's in-flight count on stage 0 (p micro-batches, or the
+    # interleaved equivalent); scale to what this schedule really holds.
+    v = plan.virtual_stages
+    expected = (plan.pp - 1) * 2 + (v - 1) * plan.pp + 1 if v > 1 else plan.pp
+    acts *= in_flight / expected
+    precision = "fp32" if plan.precision == "fp32" else "mixed"
+    mem = training_memory(int(params), precision=precision, optimizer=plan.optimizer,
+                          zero_stage=plan.zero_stage, dp=plan.dp)
+    return replace(mem, activations=acts)
+
+
+def simulate_step(model: Any, cluster: Any, plan: Plan, *, memory: bool = True) -> StepResult:
+    """Simulate one optimizer step of ``model`` (a ``labsim.Transformer``) on ``cluster``
+    (a ``labsim.Cluster``) under ``plan``; see the module docstring for what is modelled.
+    ``memory=False`` skips the memory estimate (``StepResult.memory`` is then None)."""
+    gpus = int(cluster.nodes) * int(cluster.gpus_per_node)
+    plan.validate_for(model, gpus)
+    gpu = lookup_gpu(cluster.gpu)
+    chunks = _chunk_costs(model, plan, gpu, cluster)
+    p = plan.pp
+    p2p = {}
+    for g in range(p * plan.virtual_stages - 1):
+        a, b = g % p, (g + 1) % p
+        p2p[(a, b)] = _p2p_time(cluster, plan, model, a, b)
+        p2p[(b, a)] = _p2p_time(cluster, plan, model, b, a)
+    spans: list = []
+    stats = _run_pipeline(plan, chunks, p2p, spans)
+    pipeline_end = max(st["last"] for st in stats)
+    ends = _reduce_gradients(plan, cluster, chunks, stats, gpu, spans)
+    _zero3_trace(plan, chunks, spans)
+    step = max(ends)
+
+    m = plan.microbatches
+    flops_model = plan.dp * m * plan.tp * sum(c.flops_model for c in chunks)
+    flops_hw = plan.dp * m * plan.tp * sum(c.flops_hw for c in chunks)
+    dtype = "tf32" if plan.precision == "fp32" and "tf32" in gpu.peak_flops else plan.precision
+    peak = gpu.peak(dtype) * gpus
+    bubble = sum(1.0 - st["busy"] / (pipeline_end - st["first"]) for st in stats) / p
+    mem = _memory(model, plan, gpu, stats[0]["in_flight"]) if memory else None
+    fits = mem is None or mem.total <= gpu.memory_bytes
+    return StepResult(
+        step_time_s=step,
+        tokens_per_s=plan.global_batch * int(model.seq_len) / step,
+        model_flops_per_gpu_s=flops_model / step / gpus,
+        mfu=flops_model / step / peak,
+        hfu=flops_hw / step / peak,
+        bubble_fraction=bubble,
+        memory=mem,
+        fits=fits,
+        gpu_memory_bytes=gpu.memory_bytes,
+        plan=plan,
+        breakdown=_time_by_kind(spans, 0),
+        spans=spans,
+    )
