@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from labsim.hardware import GPU
+from labsim.workload import Transformer
 
 # Shape of the GEMM efficiency curve: fraction of the plateau reached by a GEMM of at least
 # this many GFLOP (linear in log10 GFLOP in between).  Points from Calculon's A100/H100 system
@@ -163,106 +164,85 @@ class LayerCost:
     tp_collectives: int = 2
 
 
-def layer_cost(model: object, micro_batch: int, gpu: GPU, *, tp: int = 1,
+def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
                attention: str = "flash", dtype: str = "bf16") -> LayerCost:
-    """Compute cost of one transformer layer (``model``: ``hidden``, ``heads``, ``seq_len``,
-    ``ffn_hidden``, ``kv_heads``, ``swiglu``) for ``micro_batch`` sequences on one GPU."""
-    h, a, s = int(model.hidden), int(model.heads), int(model.seq_len)
-    f = int(getattr(model, "ffn_hidden", None) or 4 * h)
-    kv = int(getattr(model, "kv_heads", None) or a)
-    swiglu = bool(getattr(model, "swiglu", False))
-    hd = h // a
+    """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
+    GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
+    Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019)."""
+    h, s = model.hidden, model.seq_len
     e = 4 if dtype == "fp32" else 2
     tokens = micro_batch * s
     gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
-    # GEMMs of one layer on one TP rank: (M, N, K); column-parallel QKV and fc1 split N,
-    # row-parallel projection and fc2 split K (Megatron-LM, Shoeybi et al. 2019).
-    gemms = [
-        (tokens, (h + 2 * kv * hd) // tp, h),  # QKV
-        (tokens, h, h // tp),  # attention output projection
-        (tokens, (2 if swiglu else 1) * f // tp, h),  # fc1 (gate and up for SwiGLU)
-        (tokens, h, f // tp),  # fc2
-    ]
+    gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
     fwd = PassCost()
     bwd = PassCost()
-    for m, n, k in gemms:
+    for name, g in gemms.items():
+        if name in ("attn_scores", "attn_values"):
+            continue
+        m, n, k = g.m, g.n, g.k
         t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e)
-        fwd += PassCost(t, 2.0 * m * n * k)
+        fwd += PassCost(t, g.flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
         t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
             k, n, m, gpu, gemm_dtype, bytes_per_element=e)
-        bwd += PassCost(t_b, 4.0 * m * n * k)
+        bwd += PassCost(t_b, 2.0 * g.flops)
 
-    # Attention core, heads a / tp: QK^T and (scores) V, 2 * 2 * b * s^2 * hd FLOP per head.
-    heads = a // tp
-    attn_flops = 4.0 * micro_batch * heads * s * s * hd
+    # Attention core: scores Q K^T and values P V, 2 * 2 * b * s^2 * d FLOP per head.
+    qk, pv = gemms["attn_scores"], gemms["attn_values"]
+    attn_flops = float(qk.flops + pv.flops)
     if attention == "flash":
-        peak = gpu.peak(gemm_dtype)
         eff = efficiency(gpu)
+        peak = gpu.peak(gemm_dtype) * eff.sustained
         # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
-        peak *= eff.sustained
         core_f = PassCost(0.5 * attn_flops / (peak * eff.flash_forward), attn_flops)
         core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * eff.flash_backward),
                           2.0 * attn_flops)  # FA2 backward: 5 GEMMs vs 2 forward
     else:
-        bh = micro_batch * heads
-        scores = bh * s * s  # elements of the score matrix on this GPU
-        t_qk = gemm_time(s, s, hd, gpu, gemm_dtype, batch=bh, bytes_per_element=e)
-        t_av = gemm_time(s, hd, s, gpu, gemm_dtype, batch=bh, bytes_per_element=e)
+        scores = qk.batch * s * s  # elements of the score matrices on this GPU
+        t_qk = gemm_time(qk.m, qk.n, qk.k, gpu, gemm_dtype, batch=qk.batch, bytes_per_element=e)
+        t_pv = gemm_time(pv.m, pv.n, pv.k, gpu, gemm_dtype, batch=pv.batch, bytes_per_element=e)
         # fused scale-mask-softmax: read + write e B per score; dropout: read, write, 1 B mask
         soft_f = memory_time(scores * (2 * e + 2 * e + 1), gpu)
-        # backward: dropout (grad in/out, mask), softmax (probs, grad in, grad out)
+        # backward: dropout (gradient in and out, mask), softmax (probs, gradient in and out)
         soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu)
-        core_f = PassCost(t_qk + t_av + soft_f, attn_flops)
-        core_b = PassCost(2 * (t_qk + t_av) + soft_b, 2.0 * attn_flops)
+        core_f = PassCost(t_qk + t_pv + soft_f, attn_flops)
+        core_b = PassCost(2 * (t_qk + t_pv) + soft_b, 2.0 * attn_flops)
     fwd += core_f
     bwd += core_b
 
     # Memory-bound element-wise kernels (bytes per element of the b*s*h activations): two
-    # layer norms (read + write), two fused bias-dropout-residual-adds (two reads, one write,
-    # a 1-byte mask); the MLP activation on b*s*f/tp (GeLU: read + write; SwiGLU: two reads,
+    # norms (read + write), two fused bias-dropout-residual-adds (two reads, one write, a
+    # 1-byte mask); the MLP activation on b*s*f/tp (GeLU: read + write; SwiGLU: two reads,
     # one write).  Without sequence parallelism every TP rank repeats the b*s*h ones.
     per_h = 2 * (2 * e) + 2 * (3 * e + 1)
     shard = tp if sequence_parallel else 1
-    elem_bytes = tokens * h * per_h / shard + tokens * (f // tp) * (3 if swiglu else 2) * e
+    f_shard = model.ffn_hidden // tp
+    elem_bytes = tokens * h * per_h / shard + tokens * f_shard * (3 if model.swiglu else 2) * e
     fwd += PassCost(memory_time(elem_bytes, gpu), 0.0)
-    bwd += PassCost(memory_time(2 * elem_bytes, gpu), 0.0)  # gradients in and out, saved input
+    bwd += PassCost(memory_time(2 * elem_bytes, gpu), 0.0)  # gradients in and out, inputs
 
     if recompute == "full":
         rec = fwd
     elif recompute == "selective" and attention == "standard":
         rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
-    else:  # flash attention already recomputes its scores inside the backward kernel
+    else:  # FlashAttention already recomputes its scores inside the backward kernel
         rec = PassCost()
-    model_flops = fwd.flops + bwd.flops
-    return LayerCost(fwd, bwd, rec, model_flops, float(tokens * h * e))
+    return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
 
 
-def logits_cost(model: object, micro_batch: int, gpu: GPU, *, tp: int = 1,
+def logits_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                 dtype: str = "bf16") -> tuple[PassCost, PassCost]:
     """Forward and backward of the output layer (logits GEMM, vocabulary split over TP) and
     the cross-entropy (fp32 softmax over the vocabulary shard), on the last stage."""
-    h, s, v = int(model.hidden), int(model.seq_len), int(model.vocab)
     e = 4 if dtype == "fp32" else 2
-    tokens = micro_batch * s
     gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
-    n = -(-v // tp)
-    t_f = gemm_time(tokens, n, h, gpu, gemm_dtype, bytes_per_element=e)
-    t_b = gemm_time(tokens, h, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
-        h, n, tokens, gpu, gemm_dtype, bytes_per_element=e)
-    ce = memory_time(tokens * n * (e + 4), gpu)  # read logits, write fp32 probabilities
-    flops = 2.0 * tokens * n * h
-    return PassCost(t_f + ce, flops), PassCost(t_b + ce, 2 * flops)
-
-
-def layer_params(model: object) -> int:
-    """Weights of one transformer layer (attention, MLP, two norms; biases ignored)."""
-    h, a = int(model.hidden), int(model.heads)
-    f = int(getattr(model, "ffn_hidden", None) or 4 * h)
-    kv = int(getattr(model, "kv_heads", None) or a)
-    mlp = (3 if getattr(model, "swiglu", False) else 2) * h * f
-    return h * (h + 2 * kv * (h // a)) + h * h + mlp + 4 * h
+    g = model.head_gemm(micro_batch, tp)
+    t_f = gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e)
+    t_b = gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
+        g.k, g.n, g.m, gpu, gemm_dtype, bytes_per_element=e)
+    ce = memory_time(g.m * g.n * (e + 4), gpu)  # read logits, write fp32 probabilities
+    return PassCost(t_f + ce, float(g.flops)), PassCost(t_b + ce, 2.0 * g.flops)
 
 
 def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam") -> float:

@@ -32,16 +32,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
 
 import simpy
 
 from labsim import compute
+from labsim.cluster import Cluster
+from labsim.collectives import collective_time
 from labsim.hardware import GPU, Link
 from labsim.hardware import gpu as lookup_gpu
+from labsim.memory import MemoryBreakdown, stage_params, training_memory
 from labsim.parallel.pipeline import Op, make_schedule, max_in_flight
 from labsim.plan import Plan
 from labsim.trace import Trace
+from labsim.workload import Transformer
 
 _WIRE_FACTOR = {"allreduce": 2.0, "reduce_scatter": 1.0, "allgather": 1.0}
 
@@ -50,9 +53,7 @@ def _collective_time(op: str, nbytes: float, n: int, link: Link) -> float:
     """Closed-form ring collective time (``labsim.collectives``); zero for a group of one."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    from labsim.collectives import collective_time
-
-    return collective_time(op, nbytes, n, link)
+    return collective_time(op, int(round(nbytes)), n, link)
 
 
 def _wire_bytes(op: str, nbytes: float, n: int) -> float:
@@ -60,14 +61,14 @@ def _wire_bytes(op: str, nbytes: float, n: int) -> float:
     return _WIRE_FACTOR[op] * (n - 1) / n * nbytes if n > 1 else 0.0
 
 
-def _node_link(cluster: Any) -> Link:
+def _node_link(cluster: Cluster) -> Link:
     """The inter-node link as one GPU sees it: its share of the node's NICs."""
     share = min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
     lk = cluster.inter_node
     return replace(lk, bandwidth_Bps=lk.bandwidth_Bps * share) if share < 1 else lk
 
 
-def _group_link(cluster: Any, size: int, stride: int) -> Link:
+def _group_link(cluster: Cluster, size: int, stride: int) -> Link:
     """Link of a ring over ``size`` GPUs whose ranks are ``stride`` apart (rank 0 first):
     NVLink when the whole group sits in one node, else the inter-node link (its bottleneck)."""
     span = (size - 1) * stride + 1
@@ -81,8 +82,9 @@ class StepResult:
     step_time_s: one optimizer step; tokens_per_s: global tokens per second;
     model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
     mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
-    bubble_fraction: mean idle fraction of the pipeline stages' compute stream between the
-        first op and the last backward; memory: ``MemoryBreakdown`` of the first stage's GPU;
+    bubble_fraction: idle fraction of the stages' compute stream from the step's start to
+        the last backward, averaged over stages;
+    memory: ``MemoryBreakdown`` of the first stage's GPU;
     fits: memory.total <= GPU memory; breakdown: seconds by kind on stage 0;
     trace: a ``Trace`` of every op, message, bucket and optimizer step (built lazily, since
         a large pipeline has hundreds of thousands of spans).
@@ -94,7 +96,7 @@ class StepResult:
     mfu: float
     hfu: float
     bubble_fraction: float
-    memory: Any
+    memory: MemoryBreakdown | None
     fits: bool
     gpu_memory_bytes: float
     plan: Plan = field(repr=False)
@@ -137,7 +139,7 @@ class _Chunk:
     param_bytes: float
 
 
-def _chunk_costs(model: Any, plan: Plan, gpu: GPU, cluster: Any) -> list[_Chunk]:
+def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> list[_Chunk]:
     dtype = "fp32" if plan.precision == "fp32" else plan.precision
     lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
@@ -153,7 +155,7 @@ def _chunk_costs(model: Any, plan: Plan, gpu: GPU, cluster: Any) -> list[_Chunk]
         one = _collective_time("allreduce", lc.tp_bytes, plan.tp, tp_link)
     tp_fwd = lc.tp_collectives * one
     tp_rec = tp_fwd if plan.recompute == "full" else 0.0
-    lp = compute.layer_params(model) / plan.tp
+    lp = model.params_per_layer / plan.tp  # (norms and row-parallel biases: a rounding)
     # ZeRO-3: all-gather each layer's parameters before its forward and its backward, and
     # reduce-scatter its gradients after backward, on a stream that prefetches one layer ahead:
     # only what exceeds the layer's compute, and the first layer's gather, is exposed.
@@ -170,8 +172,7 @@ def _chunk_costs(model: Any, plan: Plan, gpu: GPU, cluster: Any) -> list[_Chunk]
     for g in range(n_chunks):
         extra_f = head_f if g == n_chunks - 1 else compute.PassCost()
         extra_b = head_b if g == n_chunks - 1 else compute.PassCost()
-        params = per_chunk * lp + (int(model.vocab) * int(model.hidden) / plan.tp
-                                   if g in (0, n_chunks - 1) else 0.0)
+        params = stage_params(model, tp=plan.tp, pp=n_chunks, stage=g)
         chunks.append(_Chunk(
             t_fwd=per_chunk * lc.forward.time_s + extra_f.time_s,
             t_bwd=per_chunk * lc.backward.time_s + extra_b.time_s,
@@ -187,7 +188,7 @@ def _chunk_costs(model: Any, plan: Plan, gpu: GPU, cluster: Any) -> list[_Chunk]
     return chunks
 
 
-def _p2p_time(cluster: Any, plan: Plan, model: Any, src: int, dst: int) -> float:
+def _p2p_time(cluster: Cluster, plan: Plan, model: Transformer, src: int, dst: int) -> float:
     """One activation (or activation-gradient) message from stage ``src`` to ``dst``."""
     e = plan.bytes_per_element
     nbytes = plan.micro_batch * int(model.seq_len) * int(model.hidden) * e / plan.tp
@@ -197,13 +198,13 @@ def _p2p_time(cluster: Any, plan: Plan, model: Any, src: int, dst: int) -> float
     return lk.latency_s + nbytes / lk.achieved_Bps
 
 
-def _run_pipeline(plan: Plan, chunks: list[_Chunk], p2p: dict, spans: list) -> list[dict]:
+def _run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[_Chunk], p2p: dict,
+                  spans: list) -> list[dict]:
     """Execute the schedule with simpy; append raw span tuples to ``spans``; return per stage
     its busy time, first start, last end, each chunk's last backward and the in-flight peak.
     """
-    p, v = plan.pp, plan.virtual_stages
     n_chunks = p * v
-    schedule = make_schedule(plan.schedule, p, plan.microbatches, v)
+    schedule = make_schedule(schedule_name, p, m, v)
     env = simpy.Environment()
     timeout, event = env.timeout, env.event
     arrivals: dict[tuple, simpy.Event] = {}
@@ -305,7 +306,36 @@ def _build_trace(spans: list, chunked: bool) -> Trace:
     return trace
 
 
-def _reduce_gradients(plan: Plan, cluster: Any, chunks: list[_Chunk], stats: list[dict],
+@dataclass(frozen=True)
+class PipelineResult:
+    """Outcome of ``simulate_pipeline``: the simulated face of ``pipeline_time``."""
+
+    step_time_s: float
+    bubble_fraction: float
+    in_flight: tuple[int, ...]  # peak (micro-batch, chunk) activations held, per stage
+    spans: list = field(repr=False, compare=False)
+
+    @cached_property
+    def trace(self) -> Trace:
+        return _build_trace(self.spans, False)
+
+
+def simulate_pipeline(p: int, m: int, t_f: float, t_b: float, *, schedule: str = "1f1b",
+                      v: int = 1, p2p_s: float = 0.0) -> PipelineResult:
+    """Run a pipeline schedule on ``p`` uniform stages: each stage's forward of one micro-batch
+    takes ``t_f`` and its backward ``t_b`` (split evenly over ``v`` chunks when interleaved),
+    every point-to-point message ``p2p_s``.  With ``p2p_s = 0`` GPipe and 1F1B take
+    ``pipeline_time(p, m, t_f, t_b)``."""
+    chunk = _Chunk(t_f / v, t_b / v, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    links = {(a, b): p2p_s for a in range(p) for b in range(p)}
+    spans: list = []
+    stats = _run_pipeline(schedule, p, m, v, [chunk] * (p * v), links, spans)
+    end = max(st["last"] for st in stats)
+    bubble = sum(1.0 - st["busy"] / end for st in stats) / p
+    return PipelineResult(end, bubble, tuple(st["in_flight"] for st in stats), spans)
+
+
+def _reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[_Chunk], stats: list[dict],
                       gpu: GPU, spans: list) -> list[float]:
     """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
 
@@ -370,28 +400,24 @@ def _zero3_trace(plan: Plan, chunks: list[_Chunk], spans: list) -> None:
                 {"wire_bytes": _wire_bytes(op, nbytes, plan.dp), "op": op})))
 
 
-def _memory(model: Any, plan: Plan, gpu: GPU, in_flight: int) -> Any:
-    """Memory of the first stage's GPU: its model-state shard and its peak activations."""
-    from labsim.memory import activation_memory, training_memory
-
-    layers = int(model.layers) // plan.pp
-    params = (layers * compute.layer_params(model)
-              + int(model.vocab) * int(model.hidden)) / plan.tp
-    acts = activation_memory(model, micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
-                             sequence_parallel=plan.sequence_parallel,
-                             recompute=plan.recompute, virtual_stages=plan.virtual_stages)
-    # activation_memory assumes 1F1B's in-flight count on stage 0 (p micro-batches, or the
-    # interleaved equivalent); scale to what this schedule really holds.
+def _memory(model: Transformer, plan: Plan, in_flight: int) -> MemoryBreakdown:
+    """Memory of the first stage's GPU: its model-state shard (``training_memory``) and its
+    peak activations (``activation_memory``, Korthikanti et al. 2022), rescaled from 1F1B's
+    in-flight count to what this schedule holds (GPipe: all m micro-batches)."""
     v = plan.virtual_stages
+    mem = training_memory(
+        model, precision="fp32" if plan.precision == "fp32" else "mixed",
+        optimizer=plan.optimizer, zero_stage=plan.zero_stage, dp=plan.dp,
+        micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
+        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute, virtual_stages=v)
+    # 1F1B holds p micro-batches of one chunk on stage 0; interleaved 1F1B holds
+    # 2(p - 1) + (v - 1) p + 1 (micro-batch, chunk) pairs = the 1 + (p - 1)/(p v) factor.
     expected = (plan.pp - 1) * 2 + (v - 1) * plan.pp + 1 if v > 1 else plan.pp
-    acts *= in_flight / expected
-    precision = "fp32" if plan.precision == "fp32" else "mixed"
-    mem = training_memory(int(params), precision=precision, optimizer=plan.optimizer,
-                          zero_stage=plan.zero_stage, dp=plan.dp)
-    return replace(mem, activations=acts)
+    return replace(mem, activations=mem.activations * in_flight / expected)
 
 
-def simulate_step(model: Any, cluster: Any, plan: Plan, *, memory: bool = True) -> StepResult:
+def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
+                  memory: bool = True) -> StepResult:
     """Simulate one optimizer step of ``model`` (a ``labsim.Transformer``) on ``cluster``
     (a ``labsim.Cluster``) under ``plan``; see the module docstring for what is modelled.
     ``memory=False`` skips the memory estimate (``StepResult.memory`` is then None)."""
@@ -406,7 +432,8 @@ def simulate_step(model: Any, cluster: Any, plan: Plan, *, memory: bool = True) 
         p2p[(a, b)] = _p2p_time(cluster, plan, model, a, b)
         p2p[(b, a)] = _p2p_time(cluster, plan, model, b, a)
     spans: list = []
-    stats = _run_pipeline(plan, chunks, p2p, spans)
+    stats = _run_pipeline(plan.schedule, p, plan.microbatches, plan.virtual_stages, chunks, p2p,
+                          spans)
     pipeline_end = max(st["last"] for st in stats)
     ends = _reduce_gradients(plan, cluster, chunks, stats, gpu, spans)
     _zero3_trace(plan, chunks, spans)
@@ -417,8 +444,8 @@ def simulate_step(model: Any, cluster: Any, plan: Plan, *, memory: bool = True) 
     flops_hw = plan.dp * m * plan.tp * sum(c.flops_hw for c in chunks)
     dtype = "tf32" if plan.precision == "fp32" and "tf32" in gpu.peak_flops else plan.precision
     peak = gpu.peak(dtype) * gpus
-    bubble = sum(1.0 - st["busy"] / (pipeline_end - st["first"]) for st in stats) / p
-    mem = _memory(model, plan, gpu, stats[0]["in_flight"]) if memory else None
+    bubble = sum(1.0 - st["busy"] / pipeline_end for st in stats) / p
+    mem = _memory(model, plan, stats[0]["in_flight"]) if memory else None
     fits = mem is None or mem.total <= gpu.memory_bytes
     return StepResult(
         step_time_s=step,
