@@ -289,7 +289,8 @@ def _time_by_kind(spans: list, rank: int) -> dict[str, float]:
 
 
 def _build_trace(spans: list, chunked: bool) -> Trace:
-    """Turn the raw span tuples of a run into a ``Trace`` (built only when asked for)."""
+    """Turn the raw spans of a run into a ``Trace`` (built only when asked for).  A raw span
+    ends with ``(op, microbatch, chunk)`` for pipeline work or ``[label, nbytes, args]``."""
     trace = Trace(detail="op")
     for rank, stream, kind, start, end, what in spans:
         if isinstance(what, tuple):
@@ -369,19 +370,19 @@ def _reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[_Chunk], stats:
                     ready = st["last"]
                 start = max(ready, comm_free)
                 comm_free = start + t_bucket
-                spans.append((s, "dp", "comm", start, comm_free, (
+                spans.append((s, "dp", "comm", start, comm_free, [
                     f"{op} bucket {k} chunk {g}", size,
-                    {"wire_bytes": _wire_bytes(op, size, dp), "op": op})))
+                    {"wire_bytes": _wire_bytes(op, size, dp), "op": op}]))
         t0 = max(free, comm_free)
         t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
-        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ("optimizer step", 0.0, {})))
+        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ["optimizer step", 0.0, {}]))
         end = t0 + t_opt
         if plan.zero_stage in (1, 2) and dp > 1:
             nbytes = params * plan.bytes_per_element
             t_ag = _collective_time("allgather", nbytes, dp, link)
-            spans.append((s, "dp", "comm", end, end + t_ag, (
+            spans.append((s, "dp", "comm", end, end + t_ag, [
                 "allgather parameters", nbytes,
-                {"wire_bytes": _wire_bytes("allgather", nbytes, dp), "op": "allgather"})))
+                {"wire_bytes": _wire_bytes("allgather", nbytes, dp), "op": "allgather"}]))
             end += t_ag
         ends.append(end)
     return ends
@@ -395,9 +396,9 @@ def _zero3_trace(plan: Plan, chunks: list[_Chunk], spans: list) -> None:
     nbytes = sum(c.param_bytes for c in chunks)
     for i in range(plan.microbatches):
         for op in ("allgather", "allgather", "reduce_scatter"):
-            spans.append((0, "dp", "comm", 0.0, 0.0, (
+            spans.append((0, "dp", "comm", 0.0, 0.0, [
                 f"ZeRO-3 {op} mb {i}", nbytes,
-                {"wire_bytes": _wire_bytes(op, nbytes, plan.dp), "op": op})))
+                {"wire_bytes": _wire_bytes(op, nbytes, plan.dp), "op": op}]))
 
 
 def _memory(model: Transformer, plan: Plan, in_flight: int) -> MemoryBreakdown:

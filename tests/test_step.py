@@ -1,0 +1,156 @@
+"""Training-step simulator: exact degenerate cases, communication volumes, memory, and the
+prediction of Narayanan et al. 2021 Table 1 (published figure = prediction)."""
+
+import pytest
+
+import labsim
+from labsim.memory import stage_params
+from labsim.plan import Plan
+from labsim.sim.step import simulate_step
+
+SMALL = labsim.Transformer(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
+
+
+def _dp_wire_bytes(result, op=None):
+    return sum(s.args["wire_bytes"] for s in result.trace.filter(stream="dp")
+               if op is None or s.args["op"] == op)
+
+
+def test_dp1_has_no_gradient_traffic_and_tp1_no_tp_spans():
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=1, tp=1, pp=8, global_batch=8))
+    assert len(r.trace.filter(stream="dp")) == 0
+    assert len(r.trace.filter(stream="compute", kind="comm")) == 0
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=1, tp=8, global_batch=2))
+    assert len(r.trace.filter(stream="compute", kind="comm")) == 2 * 2  # fwd + bwd per mb
+
+
+@pytest.mark.parametrize("zero, factor", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_data_parallel_volume_per_gpu(zero, factor):
+    n = 8
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=n, zero_stage=zero))
+    psi_bytes = 2 * stage_params(SMALL)  # bf16 gradients / parameters
+    assert _dp_wire_bytes(r) == pytest.approx(factor * psi_bytes * (n - 1) / n, rel=1e-9)
+
+
+def test_zero12_reduce_scatter_then_allgather():
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=8, zero_stage=1))
+    assert _dp_wire_bytes(r, "allreduce") == 0
+    assert _dp_wire_bytes(r, "reduce_scatter") == pytest.approx(_dp_wire_bytes(r, "allgather"))
+
+
+def test_deterministic_and_cost_independent_of_dp():
+    plan = Plan(dp=4, tp=2, pp=4, micro_batch=1, global_batch=32)
+    a = simulate_step(SMALL, labsim.dgx_a100(4), plan)
+    b = simulate_step(SMALL, labsim.dgx_a100(4), plan)
+    assert a.step_time_s == b.step_time_s and a.trace.to_dicts() == b.trace.to_dicts()
+    wide = simulate_step(SMALL, labsim.dgx_a100(64), Plan(dp=64, tp=2, pp=4, global_batch=512))
+    # one replica is simulated: the same number of compute and p2p spans at dp = 64
+    for stream in ("compute", "p2p"):
+        assert len(wide.trace.filter(stream=stream)) == len(a.trace.filter(stream=stream))
+
+
+def test_gradient_overlap_and_accumulation():
+    cluster = labsim.dgx_a100(4)
+    base = dict(dp=32, micro_batch=2, global_batch=64)
+    on = simulate_step(SMALL, cluster, Plan(**base, overlap_grad_reduce=True))
+    off = simulate_step(SMALL, cluster, Plan(**base, overlap_grad_reduce=False))
+    assert on.step_time_s < off.step_time_s
+    # 4 micro-batches of accumulation: the gradient traffic is paid once per step
+    acc = simulate_step(SMALL, cluster, Plan(dp=32, micro_batch=2, global_batch=256))
+    assert _dp_wire_bytes(acc) == pytest.approx(_dp_wire_bytes(on))
+    assert acc.step_time_s < 4 * on.step_time_s
+
+
+def test_recompute_mfu_hfu_and_bubble():
+    cluster = labsim.dgx_a100(1)
+    none = simulate_step(SMALL, cluster, Plan(pp=8, global_batch=16))
+    full = simulate_step(SMALL, cluster, Plan(pp=8, global_batch=16, recompute="full"))
+    assert none.mfu == pytest.approx(none.hfu)
+    assert full.hfu > full.mfu and full.step_time_s > none.step_time_s
+    assert full.mfu < none.mfu
+    assert len(full.trace.filter(kind="recompute")) == 8 * 16
+    # at least the uniform-stage bubble: the last stage also runs the logits and the loss
+    assert 7 / (16 + 7) <= none.bubble_fraction < 1
+    assert none.model_flops_per_gpu_s == pytest.approx(none.mfu * 312e12)
+
+
+def test_memory_first_stage_in_flight_and_fit():
+    cluster = labsim.dgx_a100(1)
+    one = simulate_step(SMALL, cluster, Plan(dp=2, pp=4, global_batch=32))
+    gp = simulate_step(SMALL, cluster, Plan(dp=2, pp=4, global_batch=32, schedule="gpipe"))
+    assert gp.memory.activations == pytest.approx(one.memory.activations * 16 / 4)
+    assert gp.memory.model_states == one.memory.model_states
+    assert one.fits and one.peak_memory_bytes == one.memory.total
+    gpt3 = labsim.Transformer.preset("gpt3-175b")
+    big = simulate_step(gpt3, cluster, Plan(dp=1, tp=8, pp=1, global_batch=1))
+    assert not big.fits and "DOES NOT FIT" in repr(big)
+
+
+def test_interleaving_shortens_the_step():
+    cluster = labsim.dgx_a100(1)
+    plain = simulate_step(SMALL, cluster, Plan(dp=2, pp=4, global_batch=16))
+    inter = simulate_step(SMALL, cluster, Plan(dp=2, pp=4, global_batch=16,
+                                               schedule="interleaved", virtual_stages=2))
+    assert inter.step_time_s < plain.step_time_s
+    assert inter.bubble_fraction < plain.bubble_fraction
+
+
+def test_wrong_gpu_count_is_rejected():
+    with pytest.raises(ValueError, match="cluster has 8 GPUs"):
+        simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=4))
+
+
+def test_chrome_trace(tmp_path):
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=2, pp=4, global_batch=8))
+    doc = r.trace.to_chrome(tmp_path / "step.json")
+    names = {e["cat"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert {"forward", "backward", "send", "comm", "optimizer"} <= names
+    assert (tmp_path / "step.json").stat().st_size > 0
+
+
+# Narayanan et al. 2021, Table 1 (DGX A100 80GB, GPT, V = 51200, s = 2048, full recompute)
+# with the run settings of Megatron-LM's examples/sc21/run_table_1.sh (reference.md):
+# (preset, TP, PP, GPUs, batch, published TFLOP/s per GPU, micro-batch, v, DDP overlapped)
+TABLE_1 = [
+    ("megatron-1.7b", 1, 1, 32, 512, 137, 16, 1, True),
+    ("megatron-3.6b", 2, 1, 64, 512, 138, 16, 1, True),
+    ("megatron-7.5b", 4, 1, 128, 512, 142, 16, 1, True),
+    ("megatron-18.4b", 8, 1, 256, 1024, 135, 8, 1, True),
+    ("megatron-39.1b", 8, 2, 512, 1536, 138, 4, 1, False),
+    ("megatron-76.1b", 8, 4, 1024, 1792, 140, 2, 3, False),
+    ("megatron-145.6b", 8, 8, 1536, 2304, 148, 2, 2, False),
+    ("megatron-310.1b", 8, 16, 1920, 2160, 155, 1, 2, False),
+    ("megatron-529.6b", 8, 35, 2520, 2520, 163, 1, 3, False),
+    ("megatron-1t", 8, 64, 3072, 3072, 163, 1, 1, False),
+]
+
+
+def table_1_prediction(row):
+    """Predicted TFLOP/s per GPU as the paper counts it: F / (GPUs x step time)."""
+    name, tp, pp, gpus, batch, _, mb, v, overlap = row
+    model = labsim.Transformer.preset(name)
+    plan = Plan(dp=gpus // (tp * pp), tp=tp, pp=pp, micro_batch=mb, global_batch=batch,
+                schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                recompute="full", overlap_grad_reduce=overlap, attention="standard",
+                precision="fp16")
+    result = simulate_step(model, labsim.dgx_a100(gpus // 8), plan)
+    s, layers, h, vocab = model.seq_len, model.layers, model.hidden, model.vocab
+    flops = 96 * batch * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    return flops / (gpus * result.step_time_s) / 1e12, result
+
+
+def test_narayanan_2021_table_1(capsys):
+    lines = [f"{'model':<16} {'TPxPP':>6} {'GPUs':>5} {'published':>9} {'predicted':>9} "
+             f"{'error':>7} {'bubble':>7} {'memory GB':>9}"]
+    errors = []
+    for row in TABLE_1:
+        predicted, result = table_1_prediction(row)
+        error = predicted / row[5] - 1
+        errors.append(error)
+        lines.append(f"{row[0]:<16} {row[1]}x{row[2]:<4} {row[3]:>5} {row[5]:>9} "
+                     f"{predicted:>9.1f} {error:>+7.1%} {result.bubble_fraction:>7.1%} "
+                     f"{result.peak_memory_bytes / 1e9:>9.1f}")
+        assert result.fits
+    with capsys.disabled():
+        print("\nNarayanan et al. 2021, Table 1: achieved TFLOP/s per GPU\n" + "\n".join(lines))
+    assert max(abs(e) for e in errors) < 0.10, errors
