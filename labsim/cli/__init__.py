@@ -11,6 +11,7 @@ import sys
 SUBCOMMANDS: dict[str, str] = {
     "hardware": "list the hardware catalog",
     "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
+    "simulate": "simulate one training step from a TOML/JSON config; print a summary",
 }
 
 

@@ -406,11 +406,16 @@ def _memory(model: Transformer, plan: Plan, in_flight: int) -> MemoryBreakdown:
     peak activations (``activation_memory``, Korthikanti et al. 2022), rescaled from 1F1B's
     in-flight count to what this schedule holds (GPipe: all m micro-batches)."""
     v = plan.virtual_stages
+    # FlashAttention keeps no s x s scores for backward (only O(s) softmax statistics): the
+    # 5as/h term of Korthikanti's Table 2 vanishes, as with selective recomputation.
+    recompute = plan.recompute
+    if plan.attention == "flash" and recompute == "none":
+        recompute = "selective"
     mem = training_memory(
         model, precision="fp32" if plan.precision == "fp32" else "mixed",
         optimizer=plan.optimizer, zero_stage=plan.zero_stage, dp=plan.dp,
         micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
-        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute, virtual_stages=v)
+        sequence_parallel=plan.sequence_parallel, recompute=recompute, virtual_stages=v)
     # 1F1B holds p micro-batches of one chunk on stage 0; interleaved 1F1B holds
     # 2(p - 1) + (v - 1) p + 1 (micro-batch, chunk) pairs = the 1 + (p - 1)/(p v) factor.
     expected = (plan.pp - 1) * 2 + (v - 1) * plan.pp + 1 if v > 1 else plan.pp
