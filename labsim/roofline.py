@@ -108,7 +108,9 @@ def matmul_bytes(m: int, n: int, k: int, dtype_bytes: float = 2) -> float:
     return (m * k + k * n + m * n) * dtype_bytes
 
 
-def attainable_flops(intensity: float, device: str | GPU = "H100-SXM", dtype: str = "bf16") -> float:
+def attainable_flops(
+    intensity: float, device: str | GPU = "H100-SXM", dtype: str = "bf16"
+) -> float:
     """Roofline bound in FLOP/s for an op of ``intensity`` FLOP/byte on a catalog GPU."""
     return Roofline.of(device, dtype).attainable_flops(intensity)
 

@@ -277,8 +277,9 @@ class Transformer:
     def megatron_params(self) -> float:
         """Narayanan et al. 2021 eq. (GPT, tied, learned positions): 12lh^2(1 + 13/(12h) +
         (V+s)/(12lh)).  Equal to ``params`` minus the final LayerNorm's 2h for GPT configs."""
-        l, h = self.layers, self.hidden
-        return 12 * l * h**2 * (1 + 13 / (12 * h) + (self.vocab + self.seq_len) / (12 * l * h))
+        n_layers, h = self.layers, self.hidden
+        return (12 * n_layers * h**2
+                * (1 + 13 / (12 * h) + (self.vocab + self.seq_len) / (12 * n_layers * h)))
 
     def __repr__(self) -> str:
         return (

@@ -60,12 +60,13 @@ def test_gpt3_near_175b() -> None:
 def test_flops_equal_megatron_model_flops(name: str) -> None:
     # Model FLOPs per token without recomputation: 72 l h^2 (1 + s/(6h) + V/(12lh)).
     m = Transformer.preset(name)
-    l, h, s, v = m.layers, m.hidden, m.seq_len, m.vocab
-    assert m.flops_per_token == pytest.approx(72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h)))
+    L, h, s, v = m.layers, m.hidden, m.seq_len, m.vocab  # noqa: N806
+    assert m.flops_per_token == pytest.approx(
+        72 * L * h * h * (1 + s / (6 * h) + v / (12 * L * h)))
     assert m.flops_backward_per_token == 2 * m.flops_forward_per_token
     # with full recomputation: 96 l h^2 (1 + s/(6h) + V/(16lh)) per token
     assert m.training_flops(1, recompute="full") == pytest.approx(
-        96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h)))
+        96 * L * h * h * (1 + s / (6 * h) + v / (16 * L * h)))
 
 
 def test_six_n_rule_for_large_models() -> None:
