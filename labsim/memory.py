@@ -212,33 +212,40 @@ def activation_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     dtype_bytes: float = 2,
+    mask_bytes: float = 1,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
-    With ``dtype_bytes=2`` this is Table 2 exactly.  For other widths the values scale and
-    the dropout masks (1 byte each, the "+2" and "+1" below) do not: ``sbh(16d + 2)`` and
-    ``5as^2b -> (2d + 1)as^2b``.  The formula assumes the GPT layer of the paper (4h GeLU MLP,
-    dropout); for SwiGLU or dropout-free models it is an approximation.
+    With ``dtype_bytes=2`` (16-bit values) and ``mask_bytes=1`` (CUDA's byte dropout masks)
+    this is Table 2 exactly.  In general, with d = ``dtype_bytes`` and m = ``mask_bytes``,
+    ``34 sbh -> sbh(16d + 2m)`` and ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of
+    sbh, one of as^2b).  PyTorch's CPU dropout keeps its mask in the input's dtype (m = d).
+    The formula assumes the GPT layer of the paper (4h GeLU MLP, dropout); for SwiGLU or
+    dropout-free models it is an approximation.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
-    if dtype_bytes <= 0:
-        raise ValueError(f"dtype_bytes must be > 0, got {dtype_bytes!r}")
+    if not dtype_bytes > 0 or not mask_bytes >= 0:
+        raise ValueError(
+            f"dtype_bytes must be > 0 and mask_bytes >= 0, got {dtype_bytes!r}, {mask_bytes!r}"
+        )
     model.check_tp(tp)
     if sequence_parallel and tp == 1:
         sequence_parallel = False  # identical to no parallelism
-    s, b, h, a, t, d = model.seq_len, micro_batch, model.hidden, model.heads, tp, dtype_bytes
+    s, b, h, a, t = model.seq_len, micro_batch, model.hidden, model.heads, tp
+    d, m = dtype_bytes, mask_bytes
     sbh = s * b * h
     if recompute == "full":
         return d * sbh  # the layer's input only: 2sbh in 16 bits
-    # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), two
-    # dropout masks; split part: Q, K, V, projection input, MLP 4h intermediate, GeLU output.
-    replicated = 4 * d + 2  # 10 for d = 2
+    # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), the
+    # two sbh dropout masks; split part: Q, K, V, projection input, MLP 4h intermediate and
+    # GeLU output (12 x sbh); attention: softmax output, its dropout mask and dropout output.
+    replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
     split = 12 * d  # 24 for d = 2
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
-    attention = 0.0 if recompute == "selective" else (2 * d + 1) * a * s / (h * t)  # 5as/(ht)
+    attention = 0.0 if recompute == "selective" else (2 * d + m) * a * s / (h * t)  # 5as/(ht)
     return sbh * (linear + attention)
 
 
@@ -252,6 +259,7 @@ def activation_memory(
     recompute: str = "none",
     virtual_stages: int = 1,
     dtype_bytes: float = 2,
+    mask_bytes: float = 1,
 ) -> float:
     """Activation bytes held at peak by the FIRST pipeline stage under 1F1B.
 
@@ -276,6 +284,7 @@ def activation_memory(
         sequence_parallel=sequence_parallel,
         recompute=recompute,
         dtype_bytes=dtype_bytes,
+        mask_bytes=mask_bytes,
     )
     factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
     return model.layers * per_layer * factor

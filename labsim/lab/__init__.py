@@ -2,6 +2,7 @@
 a launcher for multi-process workers, tiny models and synthetic data."""
 
 from labsim.lab.device import Timing, device_name, pick_device, synchronize, time_fn
+from labsim.lab.gpt import GPT, random_batch
 from labsim.lab.memory import (
     MemoryMeter,
     grad_bytes,
@@ -12,6 +13,7 @@ from labsim.lab.memory import (
 )
 
 __all__ = [
+    "GPT",
     "MemoryMeter",
     "Timing",
     "device_name",
@@ -19,6 +21,7 @@ __all__ = [
     "optimizer_state_bytes",
     "param_bytes",
     "pick_device",
+    "random_batch",
     "saved_activation_bytes",
     "synchronize",
     "tensor_bytes",
