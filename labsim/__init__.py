@@ -13,8 +13,28 @@ and ``course`` (release and grading), and the ``labsim`` command line in ``cli``
 """
 
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.memory import MemoryBreakdown, activation_memory, training_memory
+from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.trace import Span, Trace
+from labsim.workload import Gemm, Transformer
 
 __version__ = "0.1.0"
 
-__all__ = ["GPU", "Link", "Span", "Trace", "gpu", "link"]
+__all__ = [
+    "GPU",
+    "Gemm",
+    "Link",
+    "MemoryBreakdown",
+    "Roofline",
+    "Span",
+    "Trace",
+    "Transformer",
+    "activation_memory",
+    "attainable_flops",
+    "fraction_of_peak",
+    "gpu",
+    "link",
+    "op_time",
+    "ridge_point",
+    "training_memory",
+]
