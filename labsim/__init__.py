@@ -12,9 +12,35 @@ Beside them: ``lab`` (helpers for real PyTorch exercises), ``checks`` (what chec
 and ``course`` (release and grading), and the ``labsim`` command line in ``cli``.
 """
 
+from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
+from labsim.collectives import (
+    algbw,
+    busbw,
+    busbw_factor,
+    collective_lower_bound,
+    collective_time,
+    collective_time_on,
+)
 from labsim.hardware import GPU, Link, gpu, link
 from labsim.trace import Span, Trace
 
 __version__ = "0.1.0"
 
-__all__ = ["GPU", "Link", "Span", "Trace", "gpu", "link"]
+__all__ = [
+    "GPU",
+    "Cluster",
+    "Link",
+    "Span",
+    "Trace",
+    "algbw",
+    "busbw",
+    "busbw_factor",
+    "collective_lower_bound",
+    "collective_time",
+    "collective_time_on",
+    "dgx_a100",
+    "dgx_h100",
+    "gpu",
+    "link",
+    "pcie_box",
+]
