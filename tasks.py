@@ -74,7 +74,6 @@ def test(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
     steps = [
         [py, "-m", "ruff", "check", "labsim", "tests", "benchmarks", "tasks.py"],
-        [py, "-m", "labsim", "release", "--check"],
         [
             py,
             "-m",
