@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import tomllib
+import sys
 from pathlib import Path
 
 from labsim.cluster import Cluster, dgx_a100, dgx_h100
@@ -26,6 +26,11 @@ from labsim.plan import Plan
 from labsim.sim.step import StepResult, simulate_step
 from labsim.units import fmt_bytes
 from labsim.workload import Transformer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
+    import tomli as tomllib
 
 CLUSTER_PRESETS = {"dgx_a100": dgx_a100, "dgx_h100": dgx_h100}
 
