@@ -4,6 +4,8 @@ dependency order, closed forms; and the simulated face (``simulate_pipeline``) a
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labsim.parallel.pipeline import (
     Op,
@@ -120,3 +122,22 @@ def test_p2p_latency_lengthens_the_step_and_trace_has_sends():
     # 3 boundaries x 4 micro-batches x (activation forward + gradient backward)
     assert len(slow.trace.filter(kind="send")) == 3 * 4 * 2
     assert simulate_pipeline(1, 4, 1.0, 2.0).bubble_fraction == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), t_f=st.floats(0.1, 5.0),
+       ratio=st.floats(0.5, 3.0), name=st.sampled_from(["gpipe", "1f1b"]))
+def test_property_simulation_equals_closed_form(p, m, t_f, ratio, name):
+    t_b = ratio * t_f
+    r = simulate_pipeline(p, m, t_f, t_b, schedule=name)
+    assert r.step_time_s == pytest.approx(pipeline_time(p, m, t_f, t_b), rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(2, 5), k=st.integers(1, 3), v=st.integers(2, 3))
+def test_property_interleaved_closed_form_and_more_microbatches_less_bubble(p, k, v):
+    m = k * p
+    r = simulate_pipeline(p, m, 1.0, 2.0, schedule="interleaved", v=v)
+    assert r.step_time_s == pytest.approx(pipeline_time(p, m, 1.0, 2.0, v), rel=1e-9)
+    more = simulate_pipeline(p, m + p, 1.0, 2.0, schedule="interleaved", v=v)
+    assert more.bubble_fraction < r.bubble_fraction

@@ -170,3 +170,30 @@ def test_group_link_equals_cluster_aware_collectives(nodes, dp, tp):
             # equal up to the rounding of chunks to whole bytes per channel
             assert closed == pytest.approx(collective_time_on(cluster, op, nbytes, ranks),
                                            rel=1e-4)
+
+
+def test_zero_stages_memory_and_zero3_gathers_in_the_compute_stream():
+    cluster = labsim.dgx_a100(1)
+    results = [simulate_step(SMALL, cluster, Plan(dp=8, zero_stage=z)) for z in range(4)]
+    states = [r.memory.model_states for r in results]
+    assert states == sorted(states, reverse=True) and states[3] < states[0] / 4
+    assert len(results[0].trace.filter(stream="compute", kind="comm")) == 0
+    assert len(results[3].trace.filter(stream="compute", kind="comm")) == 2  # fwd + bwd
+    # ZeRO-3 gathers the parameters again for every micro-batch: with gradient accumulation
+    # over a slow network it falls behind ZeRO-1, whose traffic is once per step
+    slow = labsim.pcie_box(1)
+    z1, z3 = (simulate_step(SMALL, slow, Plan(dp=8, global_batch=64, zero_stage=z))
+              for z in (1, 3))
+    assert z3.step_time_s > z1.step_time_s
+    assert _dp_wire_bytes(z3) == pytest.approx(8 * 3 / 2 * _dp_wire_bytes(z1))
+
+
+def test_sequence_parallel_and_h100():
+    plan = dict(tp=8, global_batch=4, micro_batch=2, recompute="selective")
+    base = simulate_step(SMALL, labsim.dgx_a100(1), Plan(**plan))
+    sp = simulate_step(SMALL, labsim.dgx_a100(1), Plan(**plan, sequence_parallel=True))
+    assert sp.memory.activations < base.memory.activations
+    assert sp.step_time_s < base.step_time_s
+    h100 = simulate_step(SMALL, labsim.dgx_h100(1), Plan(**plan))
+    assert h100.step_time_s < base.step_time_s
+    assert h100.mfu < 1 and h100.model_flops_per_gpu_s > base.model_flops_per_gpu_s

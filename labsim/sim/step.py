@@ -170,27 +170,33 @@ def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> 
     lp = model.params_per_layer / plan.tp  # (norms and row-parallel biases: a rounding)
     # ZeRO-3: all-gather each layer's parameters before its forward and its backward, and
     # reduce-scatter its gradients after backward, on a stream that prefetches one layer ahead:
-    # only what exceeds the layer's compute, and the first layer's gather, is exposed.
-    z3_f = z3_b = 0.0
-    if plan.zero_stage == 3 and plan.dp > 1:
-        dp_link = _group_link(cluster, plan.dp, plan.tp)
-        ag = _collective_time("allgather", lp * e, plan.dp, dp_link)
-        rs = _collective_time("reduce_scatter", lp * e, plan.dp, dp_link)
-        z3_f = ag + max(0.0, ag - lc.forward.time_s) * (per_chunk - 1)
-        z3_b = ag + max(0.0, ag + rs - lc.backward.time_s - lc.recompute.time_s) * (
-            per_chunk - 1) + rs
+    # only what exceeds the layer's compute, and the first layer's gather, is exposed.  The
+    # embedding / output layer of the first and last chunk is gathered without prefetch.
+    dp_link = _group_link(cluster, plan.dp, plan.tp)
+    zero3 = plan.zero_stage == 3 and plan.dp > 1
+
+    def z3(nbytes: float, op: str) -> float:
+        return _collective_time(op, nbytes, plan.dp, dp_link) if zero3 else 0.0
+
+    ag, rs = z3(lp * e, "allgather"), z3(lp * e, "reduce_scatter")
+    z3_f = ag + max(0.0, ag - lc.forward.time_s) * (per_chunk - 1)
+    z3_b = ag + max(0.0, ag + rs - lc.backward.time_s - lc.recompute.time_s) * (
+        per_chunk - 1) + rs
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp, dtype=dtype)
     chunks = []
     for g in range(n_chunks):
         extra_f = head_f if g == n_chunks - 1 else compute.PassCost()
         extra_b = head_b if g == n_chunks - 1 else compute.PassCost()
         params = stage_params(model, tp=plan.tp, pp=n_chunks, stage=g)
+        extra = max(0.0, params - per_chunk * lp) * e  # embedding, output layer, final norm
+        z3_extra_f = z3(extra, "allgather")
+        z3_extra_b = z3_extra_f + z3(extra, "reduce_scatter")
         chunks.append(_Chunk(
             t_fwd=per_chunk * lc.forward.time_s + extra_f.time_s,
             t_bwd=per_chunk * lc.backward.time_s + extra_b.time_s,
             t_rec=per_chunk * lc.recompute.time_s,
-            comm_fwd=per_chunk * tp_fwd + z3_f,
-            comm_bwd=per_chunk * (tp_fwd + tp_rec) + z3_b,
+            comm_fwd=per_chunk * tp_fwd + z3_f + z3_extra_f,
+            comm_bwd=per_chunk * (tp_fwd + tp_rec) + z3_b + z3_extra_b,
             flops_hw=per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
             + extra_f.flops + extra_b.flops,
             flops_model=per_chunk * lc.model_flops + extra_f.flops + extra_b.flops,
