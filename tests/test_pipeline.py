@@ -17,7 +17,7 @@ from labsim.parallel.pipeline import (
     one_f_one_b,
     pipeline_time,
 )
-from labsim.sim.step import simulate_pipeline
+from labsim.sim.pipeline import simulate_pipeline
 
 CASES = [("gpipe", p, m, 1) for p, m in [(1, 1), (2, 3), (4, 8), (4, 2)]] + [
     ("1f1b", p, m, 1) for p, m in [(1, 4), (2, 1), (4, 4), (4, 9), (8, 3)]] + [

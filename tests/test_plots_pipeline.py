@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import labsim  # noqa: E402
 from labsim.plan import Plan  # noqa: E402
 from labsim.plots.pipeline import pipeline_gantt  # noqa: E402
-from labsim.sim.step import simulate_pipeline, simulate_step  # noqa: E402
+from labsim.sim.pipeline import simulate_pipeline  # noqa: E402
+from labsim.sim.step import simulate_step  # noqa: E402
 
 
 def test_pipeline_gantt_rows_and_title(tmp_path):

@@ -160,13 +160,13 @@ def test_narayanan_2021_table_1(capsys):
                                            (1, 4, 2)])
 def test_group_link_equals_cluster_aware_collectives(nodes, dp, tp):
     from labsim.collectives import collective_time, collective_time_on
-    from labsim.sim.step import _group_link
+    from labsim.sim.data_parallel import group_link
 
     cluster = labsim.dgx_a100(nodes)
     ranks = list(range(0, dp * tp, tp))  # Megatron order: tp fastest, then dp
     for op in ("allreduce", "reduce_scatter", "allgather"):
         for nbytes in (25_000_000, 1_000_000_000):
-            closed = collective_time(op, nbytes, dp, _group_link(cluster, dp, tp))
+            closed = collective_time(op, nbytes, dp, group_link(cluster, dp, tp))
             # equal up to the rounding of chunks to whole bytes per channel
             assert closed == pytest.approx(collective_time_on(cluster, op, nbytes, ranks),
                                            rel=1e-4)

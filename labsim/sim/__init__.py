@@ -1,4 +1,6 @@
 """Simulation layer (simpy): every simulation owns its own ``simpy.Environment``.
 
-``step``: one training step (pipeline schedule, TP/DP/ZeRO communication, recompute, memory).
+``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
+buckets and ZeRO traffic; ``step``: one training step composed of both, with compute, TP
+communication, recompute and memory.
 """
