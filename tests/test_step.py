@@ -197,3 +197,44 @@ def test_sequence_parallel_and_h100():
     h100 = simulate_step(SMALL, labsim.dgx_h100(1), Plan(**plan))
     assert h100.step_time_s < base.step_time_s
     assert h100.mfu < 1 and h100.model_flops_per_gpu_s > base.model_flops_per_gpu_s
+
+
+# MosaicML llm-foundry, scripts/train/benchmarking/README.md: MPT models (ALiBi, no biases,
+# vocab 50368) trained with PyTorch FSDP (FULL_SHARD = ZeRO-3) on 8 A100-80GB or 8 H100-80GB,
+# bf16, same configuration on both: (model, seq, micro-batch, grad accum, activation
+# checkpointing, tokens/s/GPU A100, tokens/s/GPU H100).
+MPT = {"1b": (24, 2048, 16), "3b": (32, 2560, 32), "7b": (32, 4096, 32), "13b": (40, 5120, 40),
+       "30b": (48, 7168, 64)}
+LLM_FOUNDRY = [
+    ("7b", 2048, 6, 1, False, 4641, 10643),
+    ("7b", 4096, 16, 2, True, 3684, 8611),
+    ("13b", 2048, 2, 1, False, 2262, 4792),
+    ("13b", 4096, 10, 3, True, 2060, 4717),
+    ("3b", 4096, 5, 6, False, 9457, 20964),
+    ("1b", 2048, 14, 1, False, 20513, 45455),
+    ("30b", 2048, 3, 21, True, 916, 2002),
+]
+
+
+def test_llm_foundry_a100_and_h100(capsys):
+    """A100: out of sample (constants fitted on Megatron-LM 2021).  H100: its sustained
+    fraction comes from the mean H100/A100 ratio of these pairs, so the ratio column checks
+    that one number explains every pair, and the absolute columns check both GPUs."""
+    lines = [f"{'run':<24} {'A100 pub':>8} {'pred':>7} {'H100 pub':>8} {'pred':>7} "
+             f"{'ratio pub':>9} {'pred':>5}"]
+    for name, s, mb, acc, ckpt, a100, h100 in LLM_FOUNDRY:
+        layers, hidden, heads = MPT[name]
+        model = labsim.Transformer(layers=layers, hidden=hidden, heads=heads, seq_len=s,
+                                   vocab=50368, positions="rotary", bias=False)
+        plan = Plan(dp=8, micro_batch=mb, global_batch=8 * mb * acc, zero_stage=3,
+                    recompute="full" if ckpt else "none")
+        pa = simulate_step(model, labsim.dgx_a100(1), plan).tokens_per_s / 8
+        ph = simulate_step(model, labsim.dgx_h100(1), plan).tokens_per_s / 8
+        run = f"{name} s{s} mb{mb}" + (" ckpt" if ckpt else "")
+        lines.append(f"{run:<24} {a100:>8} {pa:>7.0f} "
+                     f"{h100:>8} {ph:>7.0f} {h100 / a100:>9.2f} {ph / pa:>5.2f}")
+        assert ph / pa == pytest.approx(h100 / a100, rel=0.10)
+        assert pa == pytest.approx(a100, rel=0.15) and ph == pytest.approx(h100, rel=0.15)
+    with capsys.disabled():
+        print("\nllm-foundry MPT on 8 GPUs: tokens/s per GPU, published vs predicted\n"
+              + "\n".join(lines))
