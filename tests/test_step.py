@@ -238,3 +238,10 @@ def test_llm_foundry_a100_and_h100(capsys):
     with capsys.disabled():
         print("\nllm-foundry MPT on 8 GPUs: tokens/s per GPU, published vs predicted\n"
               + "\n".join(lines))
+
+
+def test_repr_and_html():
+    r = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=8), memory=False)
+    assert r.memory is None and r.fits and "memory not estimated" in repr(r)
+    html = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=8))._repr_html_()
+    assert "<table>" in html and "MFU" in html and "fits" in html

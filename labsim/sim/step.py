@@ -91,14 +91,35 @@ class StepResult:
         return float(self.memory.total)
 
     def __repr__(self) -> str:
-        fit = "fits" if self.fits else "DOES NOT FIT"
+        if self.memory is None:
+            mem = "memory not estimated"
+        else:
+            mem = (f"memory {self.peak_memory_bytes / 1e9:.4g} GB of "
+                   f"{self.gpu_memory_bytes / 1e9:.4g} GB: "
+                   + ("fits" if self.fits else "DOES NOT FIT"))
         return (
             f"StepResult(step {self.step_time_s:.4g} s, {self.tokens_per_s:.4g} tokens/s, "
             f"{self.model_flops_per_gpu_s / 1e12:.4g} TFLOP/s/GPU, MFU {self.mfu:.1%}, "
-            f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, memory "
-            f"{self.peak_memory_bytes / 1e9:.4g} GB of {self.gpu_memory_bytes / 1e9:.4g} GB: "
-            f"{fit})"
+            f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, {mem})"
         )
+
+    def _repr_html_(self) -> str:
+        rows = [("step time", f"{self.step_time_s:.4g} s"),
+                ("tokens/s", f"{self.tokens_per_s:,.0f}"),
+                ("model TFLOP/s per GPU", f"{self.model_flops_per_gpu_s / 1e12:.1f}"),
+                ("MFU / HFU", f"{self.mfu:.1%} / {self.hfu:.1%}"),
+                ("pipeline bubble", f"{self.bubble_fraction:.1%}")]
+        if self.memory is not None:
+            m = self.memory
+            rows.append(("memory per GPU (first stage)",
+                         f"{m.total / 1e9:.3g} GB of {self.gpu_memory_bytes / 1e9:.3g} GB "
+                         f"({'fits' if self.fits else '<b>does not fit</b>'}): params "
+                         f"{m.params / 1e9:.3g}, grads {m.grads / 1e9:.3g}, optimizer "
+                         f"{m.optimizer / 1e9:.3g}, activations {m.activations / 1e9:.3g} GB"))
+        rows += [(f"stage 0: {k}", f"{v:.4g} s") for k, v in
+                 sorted(self.breakdown.items(), key=lambda kv: -kv[1])]
+        body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
+        return f"<table><caption>training step</caption>{body}</table>"
 
 
 def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> list[ChunkCost]:
