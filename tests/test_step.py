@@ -1,6 +1,8 @@
 """Training-step simulator: exact degenerate cases, communication volumes, memory, and the
 prediction of Narayanan et al. 2021 Table 1 (published figure = prediction)."""
 
+from dataclasses import replace
+
 import pytest
 
 import labsim
@@ -245,3 +247,24 @@ def test_repr_and_html():
     assert r.memory is None and r.fits and "memory not estimated" in repr(r)
     html = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=8))._repr_html_()
     assert "<table>" in html and "MFU" in html and "fits" in html
+
+
+def test_unoverlapped_gradient_reduction_equals_closed_form():
+    from labsim.collectives import collective_time
+
+    cluster, n = labsim.dgx_a100(2), 16
+    plan = Plan(dp=n, overlap_grad_reduce=False, bucket_bytes=50e6)
+    r = simulate_step(SMALL, cluster, plan)
+    grads = 2 * stage_params(SMALL)
+    buckets = -(-grads // 50e6)
+    # 8 GPUs of the group per node: NCCL runs one ring channel per NIC, 8 NICs per node
+    eight_nics = replace(cluster.inter_node, bandwidth_Bps=8 * cluster.inter_node.bandwidth_Bps)
+    per_bucket = collective_time("allreduce", round(grads / buckets), n, eight_nics)
+    dp = r.trace.filter(stream="dp")
+    assert len(dp) == buckets
+    last_backward = max(s.end_s for s in r.trace.filter(kind="backward"))
+    assert min(s.start_s for s in dp) == pytest.approx(last_backward)
+    assert sum(s.duration_s for s in dp) == pytest.approx(buckets * per_bucket, rel=1e-6)
+    optimizer = r.trace.filter(kind="optimizer").spans[0]
+    assert optimizer.start_s == pytest.approx(max(s.end_s for s in dp))
+    assert r.step_time_s == pytest.approx(optimizer.end_s)
