@@ -4,6 +4,8 @@ prediction of Narayanan et al. 2021 Table 1 (published figure = prediction)."""
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import labsim
 from labsim.memory import stage_params
@@ -268,3 +270,26 @@ def test_unoverlapped_gradient_reduction_equals_closed_form():
     optimizer = r.trace.filter(kind="optimizer").spans[0]
     assert optimizer.start_s == pytest.approx(max(s.end_s for s in dp))
     assert r.step_time_s == pytest.approx(optimizer.end_s)
+
+
+@settings(max_examples=15, deadline=None)
+@given(pp=st.sampled_from([1, 2, 4]), m=st.integers(1, 6), tp=st.sampled_from([1, 2]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+def test_property_step_invariants(pp, m, tp, recompute, schedule):
+    if schedule == "interleaved" and pp == 1:
+        schedule = "1f1b"
+    v = 2 if schedule == "interleaved" else 1
+    m = m * pp if schedule == "interleaved" else m
+    dp = 8 // (pp * tp)
+    plan = Plan(dp=dp, tp=tp, pp=pp, global_batch=dp * m, schedule=schedule,
+                virtual_stages=v, recompute=recompute)
+    r = simulate_step(SMALL, labsim.dgx_a100(1), plan)
+    assert 0 <= r.bubble_fraction < 1 and 0 < r.mfu <= r.hfu < 1
+    for stage in range(pp):  # every stage runs each (micro-batch, chunk) forward once
+        assert len(r.trace.filter(rank=stage, kind="forward")) == m * v
+        assert len(r.trace.filter(rank=stage, kind="backward")) == m * v
+    busy = sum(s.duration_s for s in r.trace.filter(rank=0, stream="compute"))
+    assert r.step_time_s >= busy
+    more = simulate_step(SMALL, labsim.dgx_a100(1), replace(plan, global_batch=2 * dp * m))
+    assert more.step_time_s > r.step_time_s and more.bubble_fraction <= r.bubble_fraction + 1e-12
