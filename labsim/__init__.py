@@ -20,8 +20,10 @@ from labsim.collectives import (
     collective_lower_bound,
     collective_time,
     collective_time_on,
+    crossover_bytes,
 )
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.sim.collectives import CollectiveResult, simulate_collective
 from labsim.trace import Span, Trace
 
 __version__ = "0.1.0"
@@ -29,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GPU",
     "Cluster",
+    "CollectiveResult",
     "Link",
     "Span",
     "Trace",
@@ -38,9 +41,11 @@ __all__ = [
     "collective_lower_bound",
     "collective_time",
     "collective_time_on",
+    "crossover_bytes",
     "dgx_a100",
     "dgx_h100",
     "gpu",
     "link",
     "pcie_box",
+    "simulate_collective",
 ]

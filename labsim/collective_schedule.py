@@ -133,16 +133,17 @@ def _ring_steps(op: str, nbytes: int, rings: list[list[int]], phase: str = "",
     src = np.concatenate([np.asarray(r) for r in rings])
     dst = np.concatenate([np.roll(np.asarray(r), -1) for r in rings])
     pattern = Pattern(src, dst, ("ring", len(rings), p))
-    sizes = [split_sizes(part, p) for part in split_sizes(nbytes, len(rings))]
-    pos = np.arange(p)
+    sizes = np.stack([split_sizes(part, p) for part in split_sizes(nbytes, len(rings))])
+    # position i sends chunk (i - t + shift) % p: a window of the doubled size table
+    ext = np.concatenate([sizes, sizes], axis=1).astype(float)
     phases = {"allreduce": [("reduce-scatter", 0), ("all-gather", 1)],
               "reduce_scatter": [("reduce-scatter", 0)], "allgather": [("all-gather", 1)]}[op]
     total = (p - 1) * len(phases)
     s = 0
     for name, shift in phases:
         for t in range(p - 1):
-            chunk = (pos - t + shift) % p
-            yield Step(pattern, np.concatenate([sz[chunk] for sz in sizes]),
+            lo = (shift - t) % p
+            yield Step(pattern, ext[:, lo:lo + p].ravel(),
                        f"{phase}{name} step {s + 1}/{total}", phase or name)
             s += 1
 

@@ -56,6 +56,7 @@ from labsim.collective_schedule import (
 from labsim.hardware import Link, link
 
 __all__ = ["ALGORITHMS", "OPS", "algbw", "busbw", "busbw_factor", "collective_lower_bound",
+           "crossover_bytes",
            "collective_time", "collective_time_on", "steps_time"]
 
 
@@ -194,3 +195,28 @@ def collective_time_on(cluster: Cluster, op: str, nbytes: float,
 
 
 assert set(OPS) == set(ALGORITHMS)
+
+
+def crossover_bytes(op: str, n: int, link: Link | str, small: str = "tree",
+                    large: str = "ring", *, achieved: bool = True,
+                    max_bytes: float = 2**40) -> float:
+    """The smallest size at which ``large`` is at least as fast as ``small`` (whole bytes,
+    by bisection on the closed forms); inf if ``small`` wins up to ``max_bytes``.
+
+    For all-reduce over p ranks, binomial tree vs ring: the tree's 2 lg p latencies beat the
+    ring's 2(p-1) for small S, its 2 lg p S beta loses to the ring's 2(p-1)/p S beta for large S.
+    """
+    def large_wins(s: int) -> bool:
+        return collective_time(op, s, n, link, large, achieved=achieved) <= \
+            collective_time(op, s, n, link, small, achieved=achieved)
+
+    hi = int(max_bytes)
+    if not large_wins(hi):
+        return math.inf
+    lo = 1
+    if large_wins(lo):
+        return 1.0
+    while hi - lo > 1:  # large loses at lo, wins at hi
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
+    return float(hi)
