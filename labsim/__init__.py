@@ -23,8 +23,11 @@ from labsim.collectives import (
     crossover_bytes,
 )
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.memory import MemoryBreakdown, activation_memory, training_memory
+from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import CollectiveResult, simulate_collective
 from labsim.trace import Span, Trace
+from labsim.workload import Gemm, Transformer
 
 __version__ = "0.1.0"
 
@@ -32,10 +35,16 @@ __all__ = [
     "GPU",
     "Cluster",
     "CollectiveResult",
+    "Gemm",
     "Link",
+    "MemoryBreakdown",
+    "Roofline",
     "Span",
     "Trace",
+    "Transformer",
+    "activation_memory",
     "algbw",
+    "attainable_flops",
     "busbw",
     "busbw_factor",
     "collective_lower_bound",
@@ -44,8 +53,12 @@ __all__ = [
     "crossover_bytes",
     "dgx_a100",
     "dgx_h100",
+    "fraction_of_peak",
     "gpu",
     "link",
+    "op_time",
     "pcie_box",
+    "ridge_point",
     "simulate_collective",
+    "training_memory",
 ]
