@@ -24,3 +24,11 @@ def test_link_utilisation_and_busbw_curves_draw():
     fig = busbw_curves(dgx_h100(1), sizes=[1e3, 1e6, 1e9],
                        algorithms=("ring", "tree", "recursive_doubling"))
     assert len(fig.axes[0].get_lines()) == 3
+
+
+def test_collectives_widget_and_its_static_figure():
+    from labsim.widgets import collectives_figure, explore_collectives
+
+    fig = collectives_figure("pcie-a100", 2, "allreduce", ("ring", "hierarchical"), 2**20)
+    assert "16 GPUs" in fig.axes[0].get_title()
+    assert explore_collectives(nodes=2) is not None
