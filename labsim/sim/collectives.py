@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import simpy
@@ -54,8 +55,13 @@ class CollectiveResult:
     steps: int
     transfers: int
     events: int
-    pipe_bytes: np.ndarray = field(compare=False)
+    network: Network = field(compare=False, repr=False)
     achieved: bool = True
+
+    @cached_property
+    def pipe_bytes(self) -> np.ndarray:
+        """Bytes each pipe carried (index as ``cluster.pipe_names()``)."""
+        return self.network.pipe_bytes
 
     def __repr__(self) -> str:
         return (f"CollectiveResult({self.op} {self.algorithm}, {fmt_bytes(self.nbytes)} on "
@@ -115,13 +121,13 @@ def run_collective(network: Network, steps: Iterable[Step], trace: Trace | None 
     moved = count = 0
     for step in steps:
         start = env.now
-        rates = yield network.transfer(step.pattern, step.nbytes)
-        moved += len(step.nbytes)
+        rates = yield network.transfer(step)
+        moved += len(step)
         count += 1
         if trace is None:
             continue
-        records.append((start, env.now, step.label, step.phase, float(step.nbytes.sum()),
-                        int(step.pattern.src[0]), len(step.nbytes)))
+        records.append((start, env.now, step.label, step.phase, step.total_bytes,
+                        int(step.pattern.src[0]), len(step)))
         if full is not None:
             if detail == "auto" and moved > AUTO_LIMIT:
                 full = None
@@ -165,4 +171,4 @@ def simulate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str
     n = len(group)
     return CollectiveResult(
         op, algo, float(nbytes), n, t, algbw(nbytes, t), algbw(nbytes, t) * busbw_factor(op, n),
-        trace, cluster, steps, transfers, network.events, network.pipe_bytes, achieved)
+        trace, cluster, steps, transfers, network.events, network, achieved)
