@@ -24,8 +24,8 @@ def busbw_curves(clusters: Cluster | Sequence[Cluster], op: str = "allreduce",
     """busbw (GB/s) vs size (bytes, log axis), one line per (cluster, algorithm).
     Algorithms that do not apply (power of two needed) are skipped."""
     clusters = [clusters] if isinstance(clusters, Cluster) else list(clusters)
-    sizes = np.unique(np.round(np.logspace(3, 33 * np.log10(2), 31))) if sizes is None \
-        else np.asarray(sizes)
+    # powers of two (1 KiB .. 8 GiB): divisible by power-of-two rank counts, like nccl-tests
+    sizes = 2.0 ** np.arange(10, 34) if sizes is None else np.asarray(sizes)
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 4))
     else:
