@@ -12,6 +12,8 @@ Beside them: ``lab`` (helpers for real PyTorch exercises), ``checks`` (what chec
 and ``course`` (release and grading), and the ``labsim`` command line in ``cli``.
 """
 
+from types import ModuleType as _ModuleType
+
 from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.collectives import (
     algbw,
@@ -31,34 +33,7 @@ from labsim.workload import Gemm, Transformer
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "GPU",
-    "Cluster",
-    "CollectiveResult",
-    "Gemm",
-    "Link",
-    "MemoryBreakdown",
-    "Roofline",
-    "Span",
-    "Trace",
-    "Transformer",
-    "activation_memory",
-    "algbw",
-    "attainable_flops",
-    "busbw",
-    "busbw_factor",
-    "collective_lower_bound",
-    "collective_time",
-    "collective_time_on",
-    "crossover_bytes",
-    "dgx_a100",
-    "dgx_h100",
-    "fraction_of_peak",
-    "gpu",
-    "link",
-    "op_time",
-    "pcie_box",
-    "ridge_point",
-    "simulate_collective",
-    "training_memory",
-]
+__all__ = sorted(
+    name for name, value in globals().items()
+    if not name.startswith("_") and not isinstance(value, _ModuleType)
+)
