@@ -144,3 +144,25 @@ def test_tree_beats_ring_below_the_crossover_and_loses_above(n):
          for algo in ("tree", "ring") for s in (below, above)}
     assert t["tree", below] < t["ring", below]
     assert t["ring", above] < t["tree", above]
+
+
+def test_concurrent_collectives_share_links_and_separate_ones_do_not():
+    import simpy
+
+    from labsim.sim import Network, start_collective
+
+    def run(groups):
+        env = simpy.Environment()
+        net = Network(env, dgx_h100(2))
+        procs = [start_collective(net, "allreduce", 10**9, g) for g in groups]
+        env.run()
+        assert all(p.triggered for p in procs)
+        return env.now
+
+    alone = run([range(0, 8)])
+    # the same GPUs twice at once: every port carries two flows -> bandwidth term doubles
+    twice = run([range(0, 8), range(0, 8)])
+    # 14 ring steps: the latencies do not add up, the bytes do
+    assert twice == pytest.approx(2 * alone - 14 * dgx_h100().intra_node.latency_s, rel=1e-9)
+    # two nodes' groups in parallel touch no common link: no slowdown
+    assert run([range(0, 8), range(8, 16)]) == pytest.approx(alone, rel=1e-12)

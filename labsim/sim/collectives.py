@@ -79,20 +79,20 @@ class CollectiveResult:
         return {names[i]: float(util[i]) for i in np.flatnonzero(self.pipe_bytes)}
 
 
-def _full_spans(trace: Trace, step: Step, start: float, end: float, alpha: float,
-                rates: np.ndarray) -> None:
+def _full_spans(trace: Trace, stream: str, step: Step, start: float, end: float,
+                alpha: float, rates: np.ndarray) -> None:
     src, dst = step.pattern.src, step.pattern.dst
     ends = np.minimum(start + alpha + step.nbytes / rates, end)
     for i in range(len(src)):
-        trace.add(int(src[i]), "comm", "send", start, float(ends[i]),
+        trace.add(int(src[i]), stream, "send", start, float(ends[i]),
                   f"{step.label} -> {int(dst[i])}", float(step.nbytes[i]), dst=int(dst[i]))
 
 
-def _coarse_spans(trace: Trace, records: list[tuple], level: str) -> None:
+def _coarse_spans(trace: Trace, stream: str, records: list[tuple], level: str) -> None:
     """records: (start, end, label, phase, bytes, first rank, transfers) per step."""
     if level == "step":
         for start, end, label, _, nbytes, rank, m in records:
-            trace.add(rank, "comm", "comm", start, end, label, nbytes, transfers=m)
+            trace.add(rank, stream, "comm", start, end, label, nbytes, transfers=m)
         return
     i = 0
     while i < len(records):
@@ -100,18 +100,18 @@ def _coarse_spans(trace: Trace, records: list[tuple], level: str) -> None:
         while j + 1 < len(records) and records[j + 1][3] == records[i][3]:
             j += 1
         group = records[i:j + 1]
-        trace.add(records[i][5], "comm", "comm", records[i][0], records[j][1], records[i][3],
+        trace.add(records[i][5], stream, "comm", records[i][0], records[j][1], records[i][3],
                   sum(r[4] for r in group), steps=len(group),
                   transfers=sum(r[6] for r in group))
         i = j + 1
 
 
 def run_collective(network: Network, steps: Iterable[Step], trace: Trace | None = None,
-                   detail: str = "auto") -> Generator:
+                   detail: str = "auto", stream: str = "comm") -> Generator:
     """A simpy process body: run ``steps`` one after another on ``network``.
 
-    Spans go into ``trace`` (if given) at ``detail`` (module doc) once the collective ends;
-    the process value is ``(steps, transfers, detail used)``.
+    Spans go into ``trace`` (if given) on ``stream`` at ``detail`` (module doc) once the
+    collective ends; the process value is ``(steps, transfers, detail used)``.
     """
     if detail not in DETAILS:
         raise ValueError(f"detail must be one of {DETAILS}, got {detail!r}")
@@ -140,10 +140,26 @@ def run_collective(network: Network, steps: Iterable[Step], trace: Trace | None 
     if trace is not None:
         if detail == "full":
             for args in full or ():
-                _full_spans(trace, *args)
+                _full_spans(trace, stream, *args)
         else:
-            _coarse_spans(trace, records, detail)
+            _coarse_spans(trace, stream, records, detail)
     return count, moved, detail
+
+
+def start_collective(network: Network, op: str, nbytes: float, ranks: Sequence[int],
+                     algorithm: str = "ring", *, trace: Trace | None = None,
+                     detail: str = "step", stream: str = "comm",
+                     piece_bytes: int = PIPELINE_BYTES) -> simpy.Process:
+    """Start ``op`` among ``ranks`` as a process on a network you own, next to other work.
+
+    For a training step: one ``Network`` per simulation, then e.g.
+    ``yield start_collective(net, "allreduce", grad_bytes, dp_group, trace=tr,
+    stream="dp-comm")`` inside a rank's process.  Collectives started at the same time share
+    the links they both use (max-min fair), so concurrent TP and DP traffic slow each other
+    down exactly where they meet.
+    """
+    steps = schedule(op, nbytes, list(ranks), algorithm, network.cluster, piece_bytes)
+    return network.env.process(run_collective(network, steps, trace, detail, stream))
 
 
 def simulate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str = "ring",
