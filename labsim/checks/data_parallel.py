@@ -1,0 +1,153 @@
+"""Checks for lab 08 (data parallel): the learner's DDP on 2 real gloo processes against one
+process on the whole batch (parallel = serial is the oracle).
+
+The model (``TrapNet``, float64) carries a frozen layer, a layer unused in forward and tied
+embedding/output weights.  Each check is one launch; a worker that raises or hangs ends the
+check with a FAIL line within ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from labsim.checks._core import Case, CheckFailed, close, run_check
+
+NPROCS = 2
+TOL = close(rtol=1e-9, atol=1e-12)
+
+
+def _launch(title: str, n_cases: int, fn: Any, args: tuple, timeout_s: float) -> Any:
+    from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
+
+    try:
+        return launch(fn, NPROCS, args=args, timeout_s=timeout_s)
+    except (LaunchTimeout, WorkerError) as exc:
+        raise CheckFailed(f"FAIL {title}: 0/{n_cases} cases passed\n{exc}") from None
+
+
+def _stub(title: str, n_cases: int, probe: Callable[[], Any]) -> None:
+    """Fail at once (no processes started) when the exercise still raises
+    NotImplementedError."""
+    try:
+        probe()
+    except NotImplementedError:
+        raise CheckFailed(f"FAIL {title}: 0/{n_cases} cases passed\nthe exercise raises "
+                          "NotImplementedError: write it first") from None
+    except Exception:  # noqa: BLE001 - expected: no process group in this process
+        pass
+
+
+def _lookup(values: list[Any]) -> Callable[[int], Any]:
+    def get(i: int) -> Any:
+        if isinstance(values[i], Exception):
+            raise values[i]
+        return values[i]
+    return get
+
+
+def _serial(accumulate: int = 1) -> dict[str, Any]:
+    from labsim.lab.data_parallel import INIT_SEED, LR, batches
+    from labsim.parallel.data_parallel import serial_reference
+
+    return serial_reference(INIT_SEED, batches(), lr=LR, accumulate=accumulate)
+
+
+def naive_ddp(sync_parameters: Callable[[torch.nn.Module], None],
+              average_gradients: Callable[[torch.nn.Module], None],
+              timeout_s: float = 120.0) -> None:
+    """``sync_parameters(model)`` must make every replica equal to rank 0's;
+    ``average_gradients(model)`` after backward must leave every rank with the gradient of
+    the whole batch, so 2 ranks on 2 shards train exactly like one process on the batch."""
+    from labsim.lab.data_parallel import naive_worker
+
+    title, n = "naive_ddp", 6
+    _stub(title, n, lambda: sync_parameters(torch.nn.Linear(1, 1)))
+    _stub(title, n, lambda: average_gradients(torch.nn.Linear(1, 1)))
+    ranks = _launch(title, n, naive_worker, (sync_parameters, average_gradients), timeout_s)
+    ref = _serial()
+    r0, r1 = ranks[0], ranks[1]
+    err = r0.get("error") or r1.get("error")
+    bad = err if err is not None else None
+    frozen = ref["params"]["frozen.weight"]
+    got = [r0["spread_after_sync"], bad or r0["losses"], bad or r0["params"],
+           bad or r1["spread"], bad or r0["params"]["frozen.weight"],
+           bad or r1["params"]["unused.weight"]]
+    exp = [0.0, ref["losses"], ref["params"], 0.0, frozen, ref["params"]["unused.weight"]]
+    names = ["replicas equal rank 0's after sync_parameters",
+             "losses of 3 steps equal one process on the whole batch",
+             "final parameters (tied embedding/head included) equal the serial run",
+             "both ranks hold identical parameters after training",
+             "the frozen layer is not changed",
+             "the layer unused in forward is not changed"]
+    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
+    run_check(title, _lookup(got), cases, compare=TOL)
+
+
+def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) -> None:
+    """``cls(module, bucket_cap_bytes)`` wraps a model; gradient hooks launch each full
+    bucket's all-reduce asynchronously during backward and
+    ``finish_gradient_synchronization()`` waits before the optimizer step.  Tried with a
+    bucket per parameter, a few buckets, and one bucket for everything."""
+    from labsim.lab.data_parallel import bucket_worker
+
+    title = "bucketed_ddp"
+    caps = (1.0, 600.0, 1e9)
+    n = 7
+    _stub(title, n, lambda: cls(torch.nn.Linear(1, 1), 100.0))
+    ranks = _launch(title, n, bucket_worker, (cls, caps), timeout_s)
+    ref = _serial()
+    out = [r if isinstance(r, Exception) else None for r in ranks[0]]
+    got: list[Any] = []
+    for i in range(2):
+        r = ranks[0][i]
+        got += [out[i] or r["params"], out[i] or (r["losses"], ranks[1][i]["spread"])]
+    small, big = ranks[0][0], ranks[0][2]
+    got.append(out[0] or small["in_backward"] > 0 and small["async"] == small["calls"])
+    got.append(out[2] or big["params"])
+    got.append(out[0] or small["calls"])
+    from labsim.lab.data_parallel import STEPS
+    from labsim.parallel.data_parallel import TrapNet
+
+    tensors = sum(p.requires_grad for p in TrapNet().parameters())
+    exp = [ref["params"], (ref["losses"], 0.0)] * 2 + [True, ref["params"], tensors * STEPS]
+    names = ["one bucket per parameter: final parameters equal the serial run",
+             "one bucket per parameter: losses equal, ranks identical",
+             "600-byte buckets: final parameters equal the serial run",
+             "600-byte buckets: losses equal, ranks identical",
+             "all-reduces are launched asynchronously during backward (overlap)",
+             "one bucket for everything (launched at the end): parameters equal",
+             "a bucket per trainable tensor: one all-reduce per bucket per step"]
+    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
+    run_check(title, _lookup(got), cases, compare=TOL)
+
+
+def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
+    """``fn(ddp, optimizer, micro_batches)``: one optimizer step of gradient accumulation
+    over ``micro_batches`` (token tensors) with ``ddp.no_sync()`` on all but the last, the
+    loss of each scaled by 1/k; returns the step's loss.  Must equal the big batch, with one
+    all-reduce per bucket per step whatever k."""
+    from labsim.lab.data_parallel import accumulate_worker
+
+    title, ks = "accumulation", (1, 2, 4)
+    n = 6
+    _stub(title, n, lambda: fn(None, None, []))
+    ranks = _launch(title, n, accumulate_worker, (fn, ks), timeout_s)
+    ref = _serial()
+    got: list[Any] = []
+    exp: list[Any] = []
+    names: list[str] = []
+    for i, k in enumerate(ks[1:], start=1):
+        r = ranks[0][i]
+        e = r if isinstance(r, Exception) else None
+        got += [e or r["params"], e or r["losses"], e or (r["calls_per_step"], r["buckets"])]
+        exp += [ref["params"], ref["losses"],
+                (ranks[0][0]["buckets"], ranks[0][0]["buckets"])
+                if not isinstance(ranks[0][0], Exception) else None]
+        names += [f"k={k}: parameters equal one process on the big batch",
+                  f"k={k}: losses equal the big batch",
+                  f"k={k}: all-reduces per step = buckets (communication once per step)"]
+    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
+    run_check(title, _lookup(got), cases, compare=TOL)
