@@ -34,7 +34,15 @@ import torch
 from labsim.memory import MemoryBreakdown
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2 parameters, gradients and Adam state are
+    DTensors whose storage is the local shard); any other tensor unchanged."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    t = _local(t)
     try:
         return (str(t.device), t.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):  # tensors without a plain storage
@@ -42,6 +50,7 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
     try:
         return t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError):
@@ -49,7 +58,8 @@ def _storage_nbytes(t: torch.Tensor) -> int:
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the storages behind ``tensors``, each storage counted once (None skipped)."""
+    """Bytes of the storages behind ``tensors``, each storage counted once (None skipped);
+    for a DTensor (FSDP2) the bytes of this rank's shard."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
