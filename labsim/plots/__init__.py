@@ -5,8 +5,10 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 """
 
 from labsim.plots.collectives import busbw_curves
+from labsim.plots.data_parallel import bucket_curve, scaling_curves, zero_bars
 from labsim.plots.gantt import gantt
 from labsim.plots.links import link_utilisation
 from labsim.plots.pipeline import pipeline_gantt
 
-__all__ = ["busbw_curves", "gantt", "link_utilisation", "pipeline_gantt"]
+__all__ = ["bucket_curve", "busbw_curves", "gantt", "link_utilisation", "pipeline_gantt",
+           "scaling_curves", "zero_bars"]
