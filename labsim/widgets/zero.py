@@ -41,10 +41,15 @@ def explore_zero(**defaults: Any) -> Any:
 
     start = dict(params_b=7.5, dp=64)
     start.update(defaults)
+
+    def show(params_b: float, dp: int) -> None:
+        display(zero_figure(params_b, dp))
+
+    sizes = [0.125, 0.35, 1.5, 7.5, 13.0, 70.0, 175.0, 530.0, 1000.0]
     return w.interactive(
-        lambda params_b, dp: display(zero_figure(params_b, dp)),
-        params_b=w.FloatLogSlider(start["params_b"], base=10, min=-1, max=3,
-                                  description="params (B)"),
+        show,
+        params_b=w.SelectionSlider(options=sizes, value=start["params_b"],
+                                   description="params (B)"),
         dp=w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
                              value=start["dp"], description="GPUs"),
     )
