@@ -34,12 +34,15 @@ def accumulate(ddp, optimizer, micro_batches):  # type: ignore[no-untyped-def]
 
 
 def accumulate_without_no_sync(ddp, optimizer, micro_batches):  # type: ignore[no-untyped-def]
+    total = 0.0
     for mb in micro_batches:
-        (lm_loss(ddp, mb) / len(micro_batches)).backward()
+        loss = lm_loss(ddp, mb) / len(micro_batches)
+        loss.backward()
+        total += float(loss.detach())
     ddp.finish_gradient_synchronization()
     optimizer.step()
     optimizer.zero_grad()
-    return 0.0
+    return total
 
 
 def summed_not_averaged(model):  # type: ignore[no-untyped-def]
