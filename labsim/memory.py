@@ -288,3 +288,21 @@ def activation_memory(
     )
     factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
     return model.layers * per_layer * factor
+
+
+def zero_stages(
+    params_or_model: int | float | Transformer,
+    *,
+    precision: str = "mixed",
+    optimizer: str = "adam",
+    dp: int = 1,
+    **activation_kwargs: Any,
+) -> dict[str, MemoryBreakdown]:
+    """``training_memory`` for ZeRO stages 0 to 3 at one setting: {"ZeRO-0": ..., ...}."""
+    return {
+        f"ZeRO-{stage}": training_memory(
+            params_or_model, precision=precision, optimizer=optimizer, zero_stage=stage,
+            dp=dp, **activation_kwargs,
+        )
+        for stage in range(4)
+    }

@@ -1,0 +1,10 @@
+"""Matplotlib figures (the presentation layer): one module per kind of plot.
+
+Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show``; pass
+``ax=`` to draw into an existing axes.
+"""
+
+from labsim.plots.memory import memory_bars
+from labsim.plots.roofline import roofline
+
+__all__ = ["memory_bars", "roofline"]
