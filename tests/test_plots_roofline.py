@@ -26,3 +26,8 @@ def test_roofs_and_points() -> None:
 def test_no_roof_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one roof"):
         roofline([])
+
+
+def test_figure_shows_itself_once_as_png() -> None:
+    fig = roofline(["H100-SXM"])
+    assert fig._repr_png_().startswith(b"\x89PNG")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import matplotlib.pyplot as plt  # noqa: F401  (sets up inline display in notebooks)
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from labsim.hardware import GPU, gpu
 from labsim.memory import MemoryBreakdown
+from labsim.plots._figure import new_figure
 
 PARTS = ("params", "grads", "optimizer", "activations")
 COLOURS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868",
@@ -31,7 +31,7 @@ def memory_bars(
     if not bars:
         raise ValueError("memory_bars needs at least one MemoryBreakdown")
     if ax is None:
-        fig = Figure(figsize=(max(5.0, 1.2 * len(bars) + 2), 4.5))
+        fig = new_figure((max(5.0, 1.2 * len(bars) + 2), 4.5))
         ax = fig.subplots()
     else:
         fig = ax.figure

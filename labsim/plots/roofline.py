@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import matplotlib.pyplot as plt
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from labsim.plots._figure import new_figure
 from labsim.roofline import Roofline
 from labsim.units import fmt_flops
 
@@ -45,11 +46,11 @@ def roofline(
     )
     x = np.logspace(np.log10(lo), np.log10(hi), 256)
     if ax is None:
-        fig = Figure(figsize=(8, 5))
+        fig = new_figure((8, 5))
         ax = fig.subplots()
     else:
         fig = ax.figure
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, roof in enumerate(lines):
         c = colours[i % len(colours)]
         ax.loglog(x, np.minimum(roof.peak_flops, x * roof.bandwidth_Bps), color=c,
