@@ -212,21 +212,23 @@ def activation_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     dtype_bytes: float = 2,
-    mask_bytes: float = 1,
+    mask_bytes: float | None = None,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
     With ``dtype_bytes=2`` (16-bit values) and ``mask_bytes=1`` (CUDA's byte dropout masks)
     this is Table 2 exactly.  In general, with d = ``dtype_bytes`` and m = ``mask_bytes``,
     ``34 sbh -> sbh(16d + 2m)`` and ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of
-    sbh, one of as^2b).  PyTorch's CPU dropout keeps its mask in the input's dtype (m = d).
-    The formula assumes the GPT layer of the paper (4h GeLU MLP, dropout); for SwiGLU or
-    dropout-free models it is an approximation.
+    sbh, one of as^2b).  ``mask_bytes=None`` means 1 if ``model.dropout`` else 0.  PyTorch's
+    CPU dropout keeps its mask in the input's dtype (m = d).  The formula assumes the GPT
+    layer of the paper (4h GeLU MLP); for a SwiGLU MLP it is an approximation.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    if mask_bytes is None:
+        mask_bytes = 1 if model.dropout else 0
     if not dtype_bytes > 0 or not mask_bytes >= 0:
         raise ValueError(
             f"dtype_bytes must be > 0 and mask_bytes >= 0, got {dtype_bytes!r}, {mask_bytes!r}"
@@ -259,7 +261,7 @@ def activation_memory(
     recompute: str = "none",
     virtual_stages: int = 1,
     dtype_bytes: float = 2,
-    mask_bytes: float = 1,
+    mask_bytes: float | None = None,
 ) -> float:
     """Activation bytes held at peak by the FIRST pipeline stage under 1F1B.
 

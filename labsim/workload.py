@@ -62,7 +62,8 @@ class Transformer:
     ``swiglu`` (three-matrix gated MLP), ``tied_embeddings`` (output layer shares the word
     embedding), ``positions`` ("learned": an s x h table as in GPT; "rotary": none),
     ``norm`` ("layernorm": weight + bias; "rmsnorm": weight only), ``bias`` (biases on the
-    linear layers).
+    linear layers), ``dropout`` (trained with dropout, whose masks are kept for backward: GPT
+    and Megatron yes, LLaMA no).
     """
 
     layers: int
@@ -77,6 +78,7 @@ class Transformer:
     positions: str = "learned"
     norm: str = "layernorm"
     bias: bool = True
+    dropout: bool = True
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -303,7 +305,8 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, seq_len: int, vocab: i
 def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int, seq_len: int,
            kv_heads: int | None = None) -> Transformer:
     return Transformer(layers, hidden, heads, seq_len, 32000, ffn_hidden=ffn, kv_heads=kv_heads,
-                       swiglu=True, positions="rotary", norm="rmsnorm", bias=False, name=name)
+                       swiglu=True, positions="rotary", norm="rmsnorm", bias=False,
+                       dropout=False, name=name)
 
 
 _PRESETS = (

@@ -154,3 +154,12 @@ def test_negative_and_bad_sizes() -> None:
         activation_memory(m, micro_batch=1, pp=5)
     with pytest.raises(ValueError, match="micro_batch"):
         training_memory(m, tp=2)
+
+
+def test_dropout_free_models_keep_no_masks() -> None:
+    llama = Transformer.preset("llama2-7b")
+    assert not llama.dropout
+    s, h, a = llama.seq_len, llama.hidden, llama.heads
+    assert activation_per_layer(llama, micro_batch=1) == s * h * 32 + a * s * s * 4
+    assert activation_per_layer(llama, micro_batch=1, mask_bytes=1) == (
+        s * h * 34 + 5 * a * s * s)
