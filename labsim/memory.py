@@ -113,8 +113,8 @@ def training_memory(
     """Bytes per GPU of training a model with ``dp``-way data parallelism and ZeRO.
 
     ``params_or_model``: a parameter count, or a ``Transformer``.  With a Transformer and
-    ``micro_batch=...`` (plus any other ``activation_memory`` keyword: tp, pp, recompute, ...)
-    the activations are included and, with tp/pp > 1, the model states are those of one rank of
+    ``micro_batch=...`` (plus any other ``activation_memory`` keyword: recompute, ...) the
+    activations are included; with ``tp``/``pp`` > 1 the model states are those of one rank of
     the first pipeline stage (``stage_params``).  Activations use 16-bit values except for
     ``precision="fp32"`` (4-byte values).
     """
@@ -132,11 +132,14 @@ def training_memory(
         model = params_or_model
         tp, pp = activation_kwargs.get("tp", 1), activation_kwargs.get("pp", 1)
         n = float(stage_params(model, tp=tp, pp=pp))
-        if activation_kwargs:
-            if "micro_batch" not in activation_kwargs:
-                raise ValueError("activation keywords need micro_batch=... (sequences per step)")
+        if "micro_batch" in activation_kwargs:
             activation_kwargs.setdefault("dtype_bytes", 4 if precision == "fp32" else 2)
             activations = activation_memory(model, **activation_kwargs)
+        elif set(activation_kwargs) - {"tp", "pp"}:
+            raise ValueError(
+                f"{sorted(set(activation_kwargs) - {'tp', 'pp'})} describe activations: add "
+                "micro_batch=... (sequences per step)"
+            )
     else:
         if activation_kwargs:
             raise ValueError(

@@ -153,7 +153,10 @@ def test_negative_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match="pp=5"):
         activation_memory(m, micro_batch=1, pp=5)
     with pytest.raises(ValueError, match="micro_batch"):
-        training_memory(m, tp=2)
+        training_memory(m, recompute="full")
+    sharded = training_memory(m, tp=4, pp=2)
+    assert sharded.activations == 0
+    assert sharded.params == 2 * stage_params(m, tp=4, pp=2)
 
 
 def test_dropout_free_models_keep_no_masks() -> None:
