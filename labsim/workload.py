@@ -223,6 +223,19 @@ class Transformer:
         gemms.append(Gemm("mlp_down", tokens, h, f // tp))
         return tuple(gemms)
 
+    def layer_gemms_backward(
+        self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None
+    ) -> tuple[Gemm, ...]:
+        """The backward GEMMs of one layer on one rank: for each forward ``C = A @ B`` with
+        A (m x k), B (k x n), the input gradient ``dA = dC @ B^T`` (m x n)@(n x k) and the
+        weight (or second-operand) gradient ``dB = A^T @ dC`` (k x m)@(m x n): twice the
+        forward FLOPs."""
+        grads = []
+        for g in self.layer_gemms(micro_batch, tp, seq_len):
+            grads.append(Gemm(f"{g.name}.dgrad", g.m, g.k, g.n, g.batch))
+            grads.append(Gemm(f"{g.name}.wgrad", g.k, g.n, g.m, g.batch))
+        return tuple(grads)
+
     def head_gemm(self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None) -> Gemm:
         """The output layer (logits) on one rank: vocabulary split over ``tp`` ranks."""
         s = self.seq_len if seq_len is None else seq_len

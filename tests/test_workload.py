@@ -89,6 +89,17 @@ def test_layer_gemms_sum_and_tp_split() -> None:
     assert total == pytest.approx(2 * 2048 * m.flops_forward_per_token)
 
 
+def test_backward_gemms_are_twice_the_forward() -> None:
+    m = Transformer.preset("llama2-70b")
+    fwd = m.layer_gemms(2, tp=8)
+    bwd = m.layer_gemms_backward(2, tp=8)
+    assert len(bwd) == 2 * len(fwd)
+    assert sum(g.flops for g in bwd) == 2 * sum(g.flops for g in fwd)
+    qkv_w = next(g for g in bwd if g.name == "qkv.wgrad")
+    # the weight gradient has the weight's shape: hidden x (q + 2 kv) / tp
+    assert (qkv_w.m, qkv_w.n) == (8192, (64 // 8 + 2) * 128)
+
+
 def test_swiglu_gqa_gemms() -> None:
     m = Transformer.preset("llama2-70b")
     gemms = {g.name: g for g in m.layer_gemms(1, tp=8)}
