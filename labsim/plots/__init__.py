@@ -4,7 +4,12 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 ``ax=`` to draw into an existing axes.
 """
 
+from labsim.plots.collectives import busbw_curves
+from labsim.plots.gantt import gantt
+from labsim.plots.links import link_utilisation
 from labsim.plots.memory import memory_bars
+from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.roofline import roofline
 
-__all__ = ["memory_bars", "roofline"]
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "memory_bars", "pipeline_gantt",
+           "roofline"]

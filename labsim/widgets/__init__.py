@@ -1,9 +1,11 @@
-"""ipywidgets explorers (the presentation layer): one module per explorer.
+"""ipywidgets explorers (the presentation layer): one module per explorer, each over a pure
+function that also draws a static figure (ipywidgets is imported here only).
 
-Each explorer is one line in a notebook over a pure function that draws a static figure; the
-widget shows a PNG of that figure to front ends that cannot run widgets (GitHub, nbviewer).
+The memory explorer also shows a PNG of its figure to front ends that cannot run widgets
+(GitHub, nbviewer).
 """
 
+from labsim.widgets.collectives import collectives_figure, explore_collectives
 from labsim.widgets.memory import memory_explorer, memory_figure
 
-__all__ = ["memory_explorer", "memory_figure"]
+__all__ = ["collectives_figure", "explore_collectives", "memory_explorer", "memory_figure"]
