@@ -1,0 +1,2 @@
+"""Presentation: matplotlib figures, one module per kind of plot (matplotlib is imported here
+only)."""

@@ -1,0 +1,1 @@
+"""Simulation layer (simpy): every simulation owns its own ``simpy.Environment``."""
