@@ -105,6 +105,19 @@ def loader_memory_bytes(num_workers: int, prefetch_factor: int, batch_nbytes: fl
             + num_workers * worker_rss_bytes)
 
 
+def steady_busy_fraction(step_start_s: tuple[float, ...] | list[float],
+                         step_end_s: tuple[float, ...] | list[float],
+                         skip: int | None = None) -> float:
+    """Time in steps after the first ``skip`` / time from the end of step ``skip - 1``."""
+    n = len(step_start_s)
+    skip = n // 2 if skip is None else skip
+    if not 0 <= skip < n:
+        raise ValueError(f"skip={skip} must be in [0, {n})")
+    busy = sum(e - s for s, e in zip(step_start_s[skip:], step_end_s[skip:]))
+    t0 = step_end_s[skip - 1] if skip > 0 else 0.0
+    return busy / (step_end_s[-1] - t0)
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """One input-pipeline setting for ``simulate_dataloader`` (seconds; SI units).
@@ -116,6 +129,8 @@ class LoaderConfig:
     (fork: ~0.05 s, spawn: seconds), paid every epoch unless ``persistent_workers``.
     ``cores``: CPU cores shared by the workers (and by the step when ``step_uses_cpu``, as in
     a CPU-only run); None = unlimited.  Cores are shared fairly (processor sharing).
+    ``load_times_s`` / ``step_times_s``: replay measured per-batch times (one per step of
+    every epoch) instead of drawing them: a trace-driven simulation of a real run.
     """
 
     num_workers: int
@@ -132,6 +147,8 @@ class LoaderConfig:
     persistent_workers: bool = False
     cores: int | None = None
     step_uses_cpu: bool = False
+    load_times_s: tuple[float, ...] | None = None
+    step_times_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_workers(self.num_workers, self.cores)
@@ -153,6 +170,15 @@ class LoaderConfig:
             raise ValueError(f"straggler_factor={self.straggler_factor!r} must be >= 1")
         if not (self.worker_start_s >= 0):
             raise ValueError(f"worker_start_s={self.worker_start_s!r} must be >= 0")
+        n = self.steps * self.epochs
+        for name in ("load_times_s", "step_times_s"):
+            given = getattr(self, name)
+            if given is not None:
+                given = tuple(float(t) for t in given)
+                object.__setattr__(self, name, given)
+                if len(given) != n or min(given) < 0:
+                    raise ValueError(f"{name} needs {n} times >= 0 (steps x epochs), "
+                                     f"got {len(given)}")
         if self.num_workers == 0 and self.persistent_workers:
             raise ValueError("persistent_workers=True needs num_workers >= 1 (as in PyTorch)")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from labsim.loader import LoaderConfig
+from labsim.loader import LoaderConfig, steady_busy_fraction
 from labsim.trace import Trace
 
 MAIN = "main"
@@ -122,22 +122,11 @@ class LoaderResult:
                 f"mean_wait={self.mean_wait_s * 1e3:.3g} ms)")
 
 
-def steady_busy_fraction(step_start_s: tuple[float, ...] | list[float],
-                         step_end_s: tuple[float, ...] | list[float],
-                         skip: int | None = None) -> float:
-    """Time in steps after the first ``skip`` / time from the end of step ``skip - 1``."""
-    n = len(step_start_s)
-    skip = n // 2 if skip is None else skip
-    if not 0 <= skip < n:
-        raise ValueError(f"skip={skip} must be in [0, {n})")
-    busy = sum(e - s for s, e in zip(step_start_s[skip:], step_end_s[skip:]))
-    t0 = step_end_s[skip - 1] if skip > 0 else 0.0
-    return busy / (step_end_s[-1] - t0)
-
-
 def load_times(config: LoaderConfig) -> np.ndarray:
     """Per-batch load times (seconds of one free core), all epochs in order, seeded."""
     n = config.steps * config.epochs
+    if config.load_times_s is not None:
+        return np.asarray(config.load_times_s, dtype=float)
     rng = np.random.default_rng(config.seed)
     times = np.full(n, config.load_time_s)
     if config.jitter > 0:
@@ -156,7 +145,7 @@ def simulate_dataloader(num_workers: int, prefetch_factor: int, load_time_s: flo
 
     Options are the other fields of ``LoaderConfig``: ``jitter``, ``straggler_prob``,
     ``straggler_factor``, ``worker_start_s``, ``epochs``, ``persistent_workers``, ``cores``,
-    ``step_uses_cpu``.
+    ``step_uses_cpu``, ``load_times_s``, ``step_times_s``.
     """
     config = LoaderConfig(num_workers, prefetch_factor, load_time_s, step_time_s, steps,
                           seed, **options)  # type: ignore[arg-type]
@@ -173,11 +162,15 @@ def run_loader(config: LoaderConfig) -> LoaderResult:
     ends: list[float] = []
     waits: list[float] = []
 
+    step_times = (config.step_times_s if config.step_times_s is not None
+                  else (config.step_time_s,) * (config.steps * config.epochs))
+
     def step() -> Generator:
+        work = step_times[len(starts) - 1]
         if config.step_uses_cpu:
-            yield from cpu.run(config.step_time_s)
+            yield from cpu.run(work)
         else:
-            yield env.timeout(config.step_time_s)
+            yield env.timeout(work)
 
     def worker(w: int, queue: simpy.Store, ready: dict[int, simpy.Event],
                start_s: float) -> Generator:
