@@ -129,7 +129,7 @@ def load_times(config: LoaderConfig) -> np.ndarray:
         return np.asarray(config.load_times_s, dtype=float)
     rng = np.random.default_rng(config.seed)
     times = np.full(n, config.load_time_s)
-    if config.jitter > 0:
+    if config.jitter > 1e-6:  # below that the gamma shape overflows; no visible effect
         shape = 1.0 / config.jitter**2
         times = times * rng.gamma(shape, 1.0 / shape, size=n)
     if config.straggler_prob > 0:
