@@ -13,8 +13,10 @@ and ``course`` (release and grading), and the ``labsim`` command line in ``cli``
 """
 
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
 from labsim.trace import Span, Trace
 
 __version__ = "0.1.0"
 
 __all__ = ["GPU", "Link", "Span", "Trace", "gpu", "link"]
+__all__ += ["LoaderResult", "simulate_dataloader"]

@@ -218,3 +218,24 @@ def compare(times: LoopTimes, num_workers: int, prefetch_factor: int = 2,
                       times.steady_busy_fraction(skip), replay.steady_busy_fraction(skip),
                       mean.steady_busy_fraction(skip),
                       loader_busy_fraction(num_workers, load, step))
+
+
+def sweep(dataset: Any, step: Callable[[Any], Any], settings: list[dict[str, Any]], *,
+          batch_size: int, steps: int, timer: TimerFn = time_loop,
+          sync: Callable[[], None] = lambda: None, progress: bool = True) -> list[LoopTimes]:
+    """``measure_loader`` for each dict of DataLoader settings, with a progress bar.
+
+    Each dict holds ``num_workers`` and optionally ``prefetch_factor``,
+    ``persistent_workers``, ``pin_memory``, ``epochs``, ``label`` (and ``dataset`` to use
+    another dataset for that run).
+    """
+    from tqdm.auto import tqdm
+
+    out = []
+    for setting in tqdm(settings, desc="DataLoader settings", disable=not progress):
+        kwargs = dict(setting)
+        data = kwargs.pop("dataset", dataset)
+        kwargs.setdefault("label", f"workers={kwargs['num_workers']}")
+        out.append(measure_loader(data, step, batch_size=batch_size, steps=steps,
+                                  timer=timer, sync=sync, **kwargs))
+    return out

@@ -77,3 +77,24 @@ def utilisation_timeline(trace: Trace, *, window_s: float | None = None,
     bottom.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def sweep_figure(x: list[float], series: dict[str, list[float]], *, xlabel: str,
+                 ylabel: str, title: str = "", percent: bool = False) -> Figure:
+    """Lines of measured / simulated / predicted values over one swept setting."""
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.subplots()
+    for (name, ys), marker in zip(series.items(), "os^dvx*"):
+        ys = [y * 100 for y in ys] if percent else ys
+        ax.plot(x, ys, marker=marker, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel + (" (%)" if percent else ""))
+    if percent:
+        ax.set_ylim(0, 105)
+    ax.set_xticks(x)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
