@@ -46,10 +46,16 @@ def explore_dataloader(**defaults: Any) -> Any:
 
     return w.interactive(
         show,
-        num_workers=w.IntSlider(start["num_workers"], 0, 16, description="workers"),
-        prefetch_factor=w.IntSlider(start["prefetch_factor"], 1, 8, description="prefetch"),
-        load_ms=w.FloatSlider(start["load_ms"], 1, 200, step=1, description="load ms"),
-        step_ms=w.FloatSlider(start["step_ms"], 1, 100, step=1, description="step ms"),
-        jitter=w.FloatSlider(start["jitter"], 0, 2, step=0.1, description="jitter (cv)"),
-        steps=w.IntSlider(start["steps"], 10, 300, step=10, description="steps"),
+        num_workers=w.IntSlider(value=start["num_workers"], min=0, max=16,
+                                description="workers"),
+        prefetch_factor=w.IntSlider(value=start["prefetch_factor"], min=1, max=8,
+                                    description="prefetch"),
+        load_ms=w.FloatSlider(value=start["load_ms"], min=1, max=200, step=1,
+                              description="load ms"),
+        step_ms=w.FloatSlider(value=start["step_ms"], min=1, max=100, step=1,
+                              description="step ms"),
+        jitter=w.FloatSlider(value=start["jitter"], min=0, max=2, step=0.1,
+                             description="jitter (cv)"),
+        steps=w.IntSlider(value=start["steps"], min=10, max=300, step=10,
+                          description="steps"),
     )
