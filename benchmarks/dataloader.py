@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     slow = SyntheticImages(n_items=4096, side_px=256, timed=True)
-    fast = SyntheticImages(n_items=4096, side_px=128, timed=True)
+    fast = SyntheticImages(n_items=4096, side_px=64, timed=True)
     step = TrainStep(width=1024)
     cores = os.cpu_count() or 1
     settings = [(0, 2, slow, "main process, slow decode"),

@@ -134,10 +134,10 @@ def measure_loader(dataset: Any, step: Callable[[Any], Any], *, batch_size: int,
     ``persistent_workers``) shows up as wait.  ``timer`` is ``time_loop`` or a learner's
     function with the same contract.
     """
-    import itertools
+    from torch.utils.data import DataLoader, Subset
 
-    from torch.utils.data import DataLoader
-
+    if steps is not None:  # an epoch of exactly `steps` batches ends as a real epoch does
+        dataset = Subset(dataset, range(min(len(dataset), steps * batch_size)))
     if num_workers == 0:
         prefetch_factor, persistent_workers, multiprocessing_context = None, False, None
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
@@ -147,9 +147,7 @@ def measure_loader(dataset: Any, step: Callable[[Any], Any], *, batch_size: int,
 
     def all_epochs() -> Iterable[Any]:
         for _ in range(epochs):
-            it = iter(loader)
-            yield from (itertools.islice(it, steps) if steps is not None else it)
-            del it  # shuts non-persistent workers down before the next epoch starts
+            yield from loader
 
     loads: list[float] = []
 
