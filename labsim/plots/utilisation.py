@@ -52,13 +52,14 @@ def utilisation_timeline(trace: Trace, *, window_s: float | None = None,
         spans = trace.filter(stream=stream)
         for kind in sorted({s.kind for s in spans}):
             bars = [(s.start_s, s.duration_s) for s in spans if s.kind == kind]
-            top.broken_barh(bars, (row - 0.4, 0.8), color=COLOURS.get(kind, "#9467bd"),
-                            label=kind)
+            top.broken_barh(bars, (row - 0.4, 0.8), facecolor=COLOURS.get(kind, "#9467bd"),
+                            edgecolor="white", linewidth=0.5, label=kind)
     top.set_yticks(range(len(shown)), shown)
     top.invert_yaxis()
     handles, labels = top.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
-    top.legend(unique.values(), unique.keys(), loc="upper right", fontsize=8, ncol=4)
+    top.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0),
+               fontsize=8)
     if len(workers) > max_workers_shown:
         top.set_ylabel(f"{len(workers) - max_workers_shown} workers not shown", fontsize=8)
     if title:
@@ -74,7 +75,7 @@ def utilisation_timeline(trace: Trace, *, window_s: float | None = None,
     bottom.set_ylim(0, 105)
     bottom.set_ylabel(f"GPU busy %\n({window_s * 1e3:.0f} ms window)")
     bottom.set_xlabel("time (s)")
-    bottom.legend(loc="lower right", fontsize=8)
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     return fig
 
