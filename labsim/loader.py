@@ -131,6 +131,8 @@ class LoaderConfig:
     a CPU-only run); None = unlimited.  Cores are shared fairly (processor sharing).
     ``load_times_s`` / ``step_times_s``: replay measured per-batch times (one per step of
     every epoch) instead of drawing them: a trace-driven simulation of a real run.
+    ``handover_s``: time the training loop spends taking a finished batch from a worker
+    (unpickling, shared-memory hand-over, being scheduled); 0 in-process.
     """
 
     num_workers: int
@@ -149,6 +151,7 @@ class LoaderConfig:
     step_uses_cpu: bool = False
     load_times_s: tuple[float, ...] | None = None
     step_times_s: tuple[float, ...] | None = None
+    handover_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_workers(self.num_workers, self.cores)
@@ -168,6 +171,8 @@ class LoaderConfig:
             raise ValueError(f"straggler_prob={self.straggler_prob!r} must be in [0, 1]")
         if not (self.straggler_factor >= 1):
             raise ValueError(f"straggler_factor={self.straggler_factor!r} must be >= 1")
+        if not (self.handover_s >= 0):
+            raise ValueError(f"handover_s={self.handover_s!r} must be >= 0")
         if not (self.worker_start_s >= 0):
             raise ValueError(f"worker_start_s={self.worker_start_s!r} must be >= 0")
         n = self.steps * self.epochs

@@ -30,8 +30,9 @@ def test_items_are_deterministic_and_survive_pickling():
 def test_timed_items_and_heavy_blocks():
     ds = SyntheticImages(n_items=64, side_px=64, timed=True, heavy_every=4, heavy_block=8,
                          heavy_side_px=128)
-    image, label, seconds = ds[0]
-    assert seconds > 0
+    image, label, timing = ds[0]
+    assert timing.dtype == torch.float64 and timing.shape == (2,)
+    assert timing[0] > 0 and timing[1] >= timing[0]
     assert ds.is_heavy(0) and ds.is_heavy(7) and not ds.is_heavy(8) and ds.is_heavy(32)
     assert "every 4th block" in repr(ds)
 

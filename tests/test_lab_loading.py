@@ -53,7 +53,8 @@ def test_spawned_workers_rebuild_the_dataset():
     small = SyntheticImages(n_items=64, side_px=32, timed=True)
     t = measure_loader(small, step, batch_size=8, num_workers=1, steps=4,
                        multiprocessing_context="spawn")
-    assert len(t.step_s) == 4 and len(t.load_s) == 4
+    assert len(t.step_s) == 4 and len(t.load_s) == 4 and len(t.handover_s) == 4
+    assert min(t.handover_s) >= 0
 
 
 def test_real_loader_matches_simulation():

@@ -130,3 +130,10 @@ def test_repr_and_run_loader():
     r = run_loader(LoaderConfig(2, 2, 0.02, 0.01, 10))
     assert "workers=2" in repr(r) and "gpu_busy" in repr(r)
     assert r.steps_per_s == pytest.approx(10 / r.total_time_s)
+
+
+def test_handover_adds_to_every_wait():
+    # compute-bound: each batch is ready early, the loop still spends 0.5 taking it
+    r = simulate_dataloader(2, 2, 1.0, 2.0, 40, handover_s=0.5)
+    assert r.steady_busy_fraction(20) == pytest.approx(2.0 / 2.5)
+    assert r.wait_s[10] == pytest.approx(0.5)

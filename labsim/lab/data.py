@@ -42,8 +42,10 @@ class SyntheticImages(torch.utils.data.Dataset):
     [0, ``classes``).  ``heavy_every`` > 0 makes every ``heavy_every``-th block of
     ``heavy_block`` consecutive items decode ``heavy_side_px`` images instead (with
     ``shuffle=False`` and ``heavy_block`` = batch size: every k-th batch is a straggler).
-    With ``timed=True`` an item is ``(image, label, seconds)``: the wall time its decode took
-    where it ran (a worker), so the training loop learns what each batch cost to make.
+    With ``timed=True`` an item is ``(image, label, timing)``, ``timing`` a float64 tensor
+    ``[decode seconds, time.perf_counter() when done]`` measured where it ran (a worker), so
+    the training loop learns what each batch cost to make and when it was ready (the
+    monotonic clock is shared by the processes of one machine).
     """
 
     def __init__(self, n_items: int = 4096, side_px: int = 256, out_px: int = 32,
@@ -77,7 +79,9 @@ class SyntheticImages(torch.utils.data.Dataset):
         pixels = torch.from_numpy(np.asarray(image, dtype=np.float32)).permute(2, 0, 1)
         pixels = pixels / 255.0  # (3, out_px, out_px)
         if self.timed:
-            return pixels, index % self.classes, time.perf_counter() - start
+            done = time.perf_counter()
+            timing = torch.tensor([done - start, done], dtype=torch.float64)
+            return pixels, index % self.classes, timing
         return pixels, index % self.classes
 
     def __repr__(self) -> str:

@@ -53,13 +53,16 @@ class LoopTimes:
     """Per-step waits and step times of one run (seconds); steps follow each other.
 
     ``load_s`` (optional): what each batch cost to make where it was made (sum of its items'
-    decode times, from a ``timed`` dataset).
+    decode times, from a ``timed`` dataset).  ``handover_s`` (optional): per batch, from the
+    later of "batch made" and "loop asked for it" until the loop had it -- the cost of moving
+    a batch between processes (pickling, shared memory, scheduling); 0 in-process.
     """
 
     wait_s: tuple[float, ...]
     step_s: tuple[float, ...]
     label: str = ""
     load_s: tuple[float, ...] = ()
+    handover_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.wait_s) != len(self.step_s) or not self.wait_s:
@@ -74,6 +77,9 @@ class LoopTimes:
         if not self.load_s:
             raise ValueError("no load times recorded: use a dataset made with timed=True")
         return statistics.fmean(self.load_s[skip:])
+
+    def mean_handover_s(self, skip: int = 0) -> float:
+        return statistics.fmean(self.handover_s[skip:]) if self.handover_s else 0.0
 
     @property
     def total_s(self) -> float:
@@ -150,15 +156,25 @@ def measure_loader(dataset: Any, step: Callable[[Any], Any], *, batch_size: int,
             yield from loader
 
     loads: list[float] = []
+    handovers: list[float] = []
+    last_end = [time.perf_counter()]
 
     def recorded_step(batch: Any) -> Any:
+        arrived = time.perf_counter()
         if isinstance(batch, (tuple, list)) and len(batch) == 3:  # a timed dataset
-            loads.append(float(batch[2].sum()))
-        return step(batch)
+            timing = batch[2]
+            loads.append(float(timing[:, 0].sum()))
+            ready = float(timing[:, 1].max())
+            handovers.append(max(0.0, arrived - max(ready, last_end[0]))
+                             if num_workers else 0.0)
+        out = step(batch)
+        last_end[0] = time.perf_counter()
+        return out
 
     wait_s, step_s = timer(all_epochs(), recorded_step, sync=sync)
-    return LoopTimes(tuple(wait_s), tuple(step_s), label,
-                     tuple(loads) if len(loads) == len(step_s) else ())
+    timed = len(loads) == len(step_s)
+    return LoopTimes(tuple(wait_s), tuple(step_s), label, tuple(loads) if timed else (),
+                     tuple(handovers) if timed else ())
 
 
 @dataclass(frozen=True)
@@ -166,10 +182,10 @@ class Comparison:
     """A real run beside simulations of the same setting (steady state: warm-up skipped).
 
     ``replay_busy``: the simulation replays the run's own per-batch load and step times
-    (trace-driven), so a machine slowed by other work slows both sides alike; contention is
-    already inside those times.  ``sim_busy``: the simulation with the run's *mean* load and
-    step times, deterministic (what a prediction from two numbers gives); ``closed_form_busy``
-    its formula.
+    (trace-driven) and its mean hand-over time, so a machine slowed by other work slows both
+    sides alike; contention is already inside those times.  ``sim_busy``: the simulation with
+    only the run's *mean* load and step times, deterministic, no hand-over (what a prediction
+    from two numbers gives); ``closed_form_busy`` its formula.
     """
 
     label: str
@@ -177,6 +193,7 @@ class Comparison:
     prefetch_factor: int
     load_time_s: float
     step_time_s: float
+    handover_s: float
     real_busy: float
     replay_busy: float
     sim_busy: float
@@ -192,12 +209,12 @@ class Comparison:
 
     def row(self) -> str:
         return (f"{self.label:<24} {self.load_time_s * 1e3:6.1f} {self.step_time_s * 1e3:6.1f}"
-                f" {self.real_busy:6.1%} {self.replay_busy:7.1%} {self.replay_error:6.1%}"
-                f" {self.sim_busy:6.1%} {self.sim_error:6.1%}")
+                f" {self.handover_s * 1e3:5.1f} {self.real_busy:6.1%} {self.replay_busy:7.1%}"
+                f" {self.replay_error:6.1%} {self.sim_busy:6.1%} {self.sim_error:6.1%}")
 
 
-HEADER = (f"{'setting':<24} {'L ms':>6} {'S ms':>6} {'real':>6} {'replay':>7} {'diff':>6}"
-          f" {'mean':>6} {'diff':>6}")
+HEADER = (f"{'setting':<24} {'L ms':>6} {'S ms':>6} {'h ms':>5} {'real':>6} {'replay':>7}"
+          f" {'diff':>6} {'mean':>6} {'diff':>6}")
 
 
 def compare(times: LoopTimes, num_workers: int, prefetch_factor: int = 2,
@@ -209,10 +226,12 @@ def compare(times: LoopTimes, num_workers: int, prefetch_factor: int = 2,
     n = len(times.step_s)
     skip = min(n // 2, num_workers * prefetch_factor + 2) if skip is None else skip
     load, step = times.mean_load_s(skip), times.mean_step_s(skip)
+    handover = times.mean_handover_s(skip)
     replay = simulate_dataloader(num_workers, prefetch_factor, load, step, n,
-                                 load_times_s=times.load_s, step_times_s=times.step_s)
+                                 load_times_s=times.load_s, step_times_s=times.step_s,
+                                 handover_s=handover)
     mean = simulate_dataloader(num_workers, prefetch_factor, load, step, n)
-    return Comparison(times.label, num_workers, prefetch_factor, load, step,
+    return Comparison(times.label, num_workers, prefetch_factor, load, step, handover,
                       times.steady_busy_fraction(skip), replay.steady_busy_fraction(skip),
                       mean.steady_busy_fraction(skip),
                       loader_busy_fraction(num_workers, load, step))

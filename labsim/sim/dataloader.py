@@ -7,7 +7,8 @@ What is modelled (``torch/utils/data/dataloader.py``, ``_MultiProcessingDataLoad
 - when the iterator starts it sends N x ``prefetch_factor`` batch indices; every time the
   training loop takes a batch, one more index is sent (so at most N x prefetch_factor batches
   are in flight);
-- the training loop waits for batch k (a "wait" span), then runs the step ("compute");
+- the training loop waits for batch k (a "wait" span, including ``handover_s`` to take it
+  from the worker), then runs the step ("compute");
 - ``num_workers=0``: the training process loads each batch itself ("load" on its own
   stream), then steps;
 - worker start-up at the start of each epoch (only the first with ``persistent_workers``);
@@ -145,7 +146,7 @@ def simulate_dataloader(num_workers: int, prefetch_factor: int, load_time_s: flo
 
     Options are the other fields of ``LoaderConfig``: ``jitter``, ``straggler_prob``,
     ``straggler_factor``, ``worker_start_s``, ``epochs``, ``persistent_workers``, ``cores``,
-    ``step_uses_cpu``, ``load_times_s``, ``step_times_s``.
+    ``step_uses_cpu``, ``load_times_s``, ``step_times_s``, ``handover_s``.
     """
     config = LoaderConfig(num_workers, prefetch_factor, load_time_s, step_time_s, steps,
                           seed, **options)  # type: ignore[arg-type]
@@ -217,6 +218,8 @@ def run_loader(config: LoaderConfig) -> LoaderResult:
             for k in batches:
                 t0 = env.now
                 yield ready[k]
+                if config.handover_s > 0:
+                    yield env.timeout(config.handover_s)
                 if env.now > t0:
                     trace.add(0, MAIN, "wait", t0, env.now, f"batch {k}")
                 waits.append(env.now - t0)
