@@ -10,6 +10,7 @@ from labsim.plots.links import link_utilisation
 from labsim.plots.memory import memory_bars
 from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.roofline import roofline
+from labsim.plots.utilisation import sweep_figure, utilisation_timeline
 
 __all__ = ["busbw_curves", "gantt", "link_utilisation", "memory_bars", "pipeline_gantt",
-           "roofline"]
+           "roofline", "sweep_figure", "utilisation_timeline"]

@@ -12,7 +12,8 @@ from labsim.sim.collectives import (
     simulate_collective,
     start_collective,
 )
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
 from labsim.sim.network import Network
 
-__all__ = ["CollectiveResult", "Network", "run_collective", "simulate_collective",
-           "start_collective"]
+__all__ = ["CollectiveResult", "LoaderResult", "Network", "run_collective", "simulate_collective",
+           "simulate_dataloader", "start_collective"]

@@ -6,6 +6,8 @@ The memory explorer also shows a PNG of its figure to front ends that cannot run
 """
 
 from labsim.widgets.collectives import collectives_figure, explore_collectives
+from labsim.widgets.dataloader import dataloader_figure, explore_dataloader
 from labsim.widgets.memory import memory_explorer, memory_figure
 
-__all__ = ["collectives_figure", "explore_collectives", "memory_explorer", "memory_figure"]
+__all__ = ["collectives_figure", "dataloader_figure", "explore_collectives",
+           "explore_dataloader", "memory_explorer", "memory_figure"]
