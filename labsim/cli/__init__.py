@@ -9,6 +9,7 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, str] = {
+    "grade": "grade submitted notebooks of one lab: CSV of scores + feedback per learner",
     "hardware": "list the hardware catalog",
     "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
 }
