@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds one cell may run (default {d.cell_s:g})")
     parser.add_argument("--timeout-notebook", type=float, default=d.notebook_s,
                         help=f"seconds for a whole notebook (default {d.notebook_s:g})")
-    parser.add_argument("--memory", type=parse_bytes, default=d.memory_bytes,
+    parser.add_argument("--memory", default=str(d.memory_bytes),
                         help="address-space limit of each kernel (default 4GiB)")
     parser.add_argument("--extra-checks", type=Path,
                         help="a private .py file of '# %%% extra-check NAME points=N' cells")
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no submissions given; pass the notebooks to grade")
     if not args.lab.exists():
         raise ValueError(f"--lab {args.lab}: no such file")
-    limits = sb.Limits(args.timeout_cell, args.timeout_notebook, args.memory)
+    limits = sb.Limits(args.timeout_cell, args.timeout_notebook, parse_bytes(args.memory))
     extra = rb.read_extra_checks(args.extra_checks) if args.extra_checks else None
     options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback)
     box = sb.probe()

@@ -222,6 +222,7 @@ class Options:
     extra: rb.ExtraChecks | None = None
     feedback_dir: Path | None = None
     keep_dir: Path | None = None  # keep each run's working folder here (for debugging)
+    work_dir: Path | None = None  # where runs' working folders go (default: system temp)
 
     def __post_init__(self) -> None:
         if self.jobs < 1:
@@ -282,6 +283,15 @@ def _slug(name: str) -> str:
     return re.sub(r"[^\w.\-]+", "_", stem.replace(os.sep, "__")).strip("_") or "submission"
 
 
+def _relative(paths: Sequence[Path]) -> list[str]:
+    """Submission paths relative to the folder that holds them all."""
+    if not paths:
+        return []
+    parents = [os.path.abspath(Path(p).parent) for p in paths]
+    common = os.path.commonpath(parents)
+    return [os.path.relpath(os.path.abspath(p), common) for p in paths]
+
+
 def feedback_names(names: Sequence[str]) -> list[str]:
     """A distinct feedback file name per submission (``alice__00_roofline.txt``)."""
     out, seen = [], set()
@@ -314,8 +324,10 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
             return pool.take()
 
     threads = max(1, (os.cpu_count() or 1) // options.jobs)
-    workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-"))
-    fb_names = feedback_names(names)
+    if options.work_dir is not None:
+        Path(options.work_dir).mkdir(parents=True, exist_ok=True)
+    workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
+    fb_names = feedback_names(_relative(submissions))
 
     def one(i: int) -> Result:
         try:
