@@ -105,6 +105,10 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
                 "def add(a, b):\n    return a - b"),
         "loop": gradelab.submission(lab, subs / "loop.ipynb", add=S["add"], mean=S["mean"],
                                     scale="while True:\n    pass\n" + S["scale"]),
+        "deaf_loop": gradelab.submission(
+            lab, subs / "deaf_loop.ipynb", add=S["add"], mean=S["mean"],
+            scale="import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                  "while True:\n    pass"),
         "os_exit": gradelab.submission(lab, subs / "os_exit.ipynb", add=S["add"],
                                        scale="import os\nos._exit(0)", mean=S["mean"]),
         "sys_exit": gradelab.submission(lab, subs / "sys_exit.ipynb", scale=S["scale"],
@@ -187,6 +191,8 @@ def test_one_row_per_submission_in_input_order(graded: dict) -> None:
 
 def test_no_submission_is_modified(graded: dict) -> None:
     for path, digest in graded["digests"].items():
+        if path == graded["files"]["other"] and not graded["box"].readonly_fs:
+            continue  # without a read-only file system, "files" really deletes it
         assert path.exists(), path
         assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path
 
@@ -285,6 +291,14 @@ def test_7_allocating_50_gb_hits_the_memory_limit(graded: dict) -> None:
     assert "exercise `mean` raised MemoryError" in r["reason"]
 
 
+def test_6_a_loop_that_ignores_interrupts_is_stopped(graded: dict) -> None:
+    r = row(graded, "deaf_loop")
+    assert r["status"] == "timeout"
+    assert scores(graded, "deaf_loop") == ("1", "0", "0", "0")
+    assert "it ignored the interrupt, so the kernel was stopped" in r["reason"]
+    assert "not run: the kernel was stopped" in feedback(graded, "deaf_loop")
+
+
 def test_8_os_exit_is_a_crash_and_keeps_earlier_points(graded: dict) -> None:
     r = row(graded, "os_exit")
     assert r["status"] == "crashed"
@@ -344,14 +358,21 @@ def test_jobs_1_writes_the_same_rows_as_jobs_2(graded: dict) -> None:
     assert serial[1:] == [next(ln for ln in parallel if ln.startswith(f"{p},")) for p in picked]
 
 
-def test_notebook_time_limit_kills_the_run_and_its_kernel(graded: dict, tmp_path: Path) -> None:
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "process-tree"])
+def test_notebook_time_limit_kills_the_run_and_its_kernel(
+    graded: dict, tmp_path: Path, namespaces: bool
+) -> None:
+    box = graded["box"]
+    if namespaces and not box.namespaces:
+        pytest.skip("no namespaces here")
+    box = sb.Sandbox(namespaces, box.prlimit)
     slow = "import time\ntime.sleep(1.5)\n"
     sub = gradelab.submission(graded["lab"], tmp_path / "slow.ipynb",
                               **{k: slow + v for k, v in S.items()})
     work = tmp_path / "work"
     report = gr.grade(graded["lab"], [sub],
                       gr.Options(limits=sb.Limits(cell_s=2, notebook_s=3.5), work_dir=work),
-                      graded["box"])
+                      box)
     (result,) = report.results
     assert result.status == "timeout"
     assert "the notebook ran over its 3.5 s limit" in result.reasons[0]

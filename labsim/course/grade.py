@@ -173,6 +173,7 @@ def score_run(
                 f"{cell.label} ran over the {_fmt(limits.cell_s)} s cell limit and was stopped"
             )
             if not record.get("kernel_alive"):
+                reasons[-1] += "; it ignored the interrupt, so the kernel was stopped"
                 last, stop = number, f"the kernel was stopped after {cell.label} ran too long"
                 break
         elif record.get("error_kind") == "KernelDied" or not record.get("kernel_alive"):
