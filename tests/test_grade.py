@@ -30,11 +30,11 @@ S = gradelab.SOLUTIONS
 LIMITS = sb.Limits(cell_s=5, notebook_s=60, memory_bytes=2**30)
 WRONG_SCALE = "def scale(x, k):\n    return x * abs(k)"  # fails the k < 0 case only
 EXTRA = '''# %%
-from labsim.checks import Case, run_check
+from labsim.checks import Case, equal, run_check
 
 def check_add_big(fn):
     run_check("add_big", fn, [Case(f"big{i}", (10**12 * i, 7), expected=10**12 * i + 7)
-                              for i in range(1, 6)])
+                              for i in range(1, 6)], compare=equal)
 
 # %% extra-check add_big points=3
 check_add_big(add)
@@ -272,7 +272,7 @@ def test_4_narrative_edited_is_recorded(graded: dict) -> None:
 
 def test_5_hidden_tracebacks_do_not_turn_a_failure_into_a_pass(graded: dict) -> None:
     r = row(graded, "hidden_tb")
-    assert r["status"] == "ok" and scores(graded, "hidden_tb")[:3] == ("0", "2", "1")
+    assert r["status"] == "ok" and scores(graded, "hidden_tb") == ("0", "2", "1", "0")
     assert "showtraceback" in r["review"]
 
 
