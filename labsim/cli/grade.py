@@ -8,6 +8,7 @@ allows it, no network and a read-only file system.  See docs/instructors.md."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -46,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"grading needs {' and '.join(missing)}: pip install 'labsim[grade]'")
     if not args.submissions:
         raise ValueError("no submissions given; pass the notebooks to grade")
     if not args.lab.exists():

@@ -1,12 +1,21 @@
-"""The feedback file a learner reads: score, each check, the first failing case, in words.
+"""What grading writes: the class CSV and the feedback file each learner reads.
 
-Hidden (instructor-private) checks show only how many of their cases passed, never a case
-or an expected value.
+Feedback gives the score, each check, the first failing case, in words.  Hidden
+(instructor-private) checks show only how many of their cases passed, never a case or an
+expected value.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from labsim.course import notebook as nbk
 
 INTRO = {
     "ok": "Your notebook ran to the end.",
@@ -60,3 +69,52 @@ def feedback_text(lab: str, result: Any) -> str:
         "All), and fix the first check that fails; each check names its first failing case.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _slug(name: str) -> str:
+    stem = name[:-6] if name.endswith(".ipynb") else name
+    return re.sub(r"[^\w.\-]+", "_", stem.replace(os.sep, "__")).strip("_") or "submission"
+
+
+def _relative(paths: Sequence[Path | str]) -> list[str]:
+    """Submission paths relative to the folder that holds them all."""
+    if not paths:
+        return []
+    parents = [os.path.abspath(Path(p).parent) for p in paths]
+    common = os.path.commonpath(parents)
+    return [os.path.relpath(os.path.abspath(p), common) for p in paths]
+
+
+def feedback_names(paths: Sequence[Path | str]) -> list[str]:
+    """A distinct feedback file name per submission, from its path relative to the folder
+    holding them all (``alice/00_roofline.ipynb`` -> ``alice__00_roofline.txt``)."""
+    out, seen = [], set()
+    for name in _relative(paths):
+        base = _slug(name)
+        cand, n = base, 1
+        while cand in seen:
+            n += 1
+            cand = f"{base}-{n}"
+        seen.add(cand)
+        out.append(cand + ".txt")
+    return out
+
+
+def csv_text(report: Any) -> str:
+    """The CSV of a ``grade.Report``: submission, status, one column per check, total, max,
+    reason, review."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["submission", "status", *[c.name for c in report.checks], "total", "max",
+                     "reason", "review"])
+    for r in report.results:
+        writer.writerow([
+            r.submission, r.status, *[_fmt(s.score) for s in r.scores], _fmt(r.total),
+            _fmt(r.maximum), "; ".join(r.reasons), " ".join(r.flags),
+        ])
+    return buf.getvalue()
+
+
+def write_csv(report: Any, path: Path) -> None:
+    """Write the CSV atomically (a reader never sees a half-written file)."""
+    nbk.write_atomic(Path(path), csv_text(report))

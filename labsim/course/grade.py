@@ -20,13 +20,12 @@ written atomically at the end.
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,9 @@ from labsim.checks._core import SUMMARY_RE
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
-from labsim.course.feedback import feedback_text
+from labsim.course.feedback import csv_text, feedback_names, feedback_text, write_csv
+
+__all__ = ["CheckScore", "Options", "Report", "Result", "csv_text", "grade", "write_csv"]
 
 STATUSES = ("ok", "tampered", "timeout", "crashed", "invalid")
 MAX_SUBMISSION_BYTES = 50_000_000
@@ -267,7 +268,8 @@ def grade_one(
                               ports(), threads)
     finally:
         if options.keep_dir is not None:
-            shutil.copytree(workdir, Path(options.keep_dir) / _slug(name), dirs_exist_ok=True)
+            keep = Path(options.keep_dir) / feedback_names([name])[0].removesuffix(".txt")
+            shutil.copytree(workdir, keep, dirs_exist_ok=True)
         shutil.rmtree(workdir, ignore_errors=True)
     status, scores, reasons = score_run(rebuilt, run, options.limits)
     if rebuilt.tampering:
@@ -279,39 +281,9 @@ def grade_one(
                   run.wall_s)
 
 
-def _slug(name: str) -> str:
-    stem = name[:-6] if name.endswith(".ipynb") else name
-    return re.sub(r"[^\w.\-]+", "_", stem.replace(os.sep, "__")).strip("_") or "submission"
-
-
-def _relative(paths: Sequence[Path]) -> list[str]:
-    """Submission paths relative to the folder that holds them all."""
-    if not paths:
-        return []
-    parents = [os.path.abspath(Path(p).parent) for p in paths]
-    common = os.path.commonpath(parents)
-    return [os.path.relpath(os.path.abspath(p), common) for p in paths]
-
-
-def feedback_names(names: Sequence[str]) -> list[str]:
-    """A distinct feedback file name per submission (``alice__00_roofline.txt``)."""
-    out, seen = [], set()
-    for name in names:
-        base = _slug(name)
-        cand, n = base, 1
-        while cand in seen:
-            n += 1
-            cand = f"{base}-{n}"
-        seen.add(cand)
-        out.append(cand + ".txt")
-    return out
-
-
 def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Options(),
           box: sb.Sandbox | None = None) -> Report:
     """Grade every submission of one released lab (see the module docstring)."""
-    import time
-
     start = time.monotonic()
     lab = rb.read_lab(lab_path)
     box = box if box is not None else sb.probe()
@@ -328,7 +300,9 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
     if options.work_dir is not None:
         Path(options.work_dir).mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
-    fb_names = feedback_names(_relative(submissions))
+    fb_names = feedback_names(submissions)
+    if options.feedback_dir is not None:
+        Path(options.feedback_dir).mkdir(parents=True, exist_ok=True)
 
     def one(i: int) -> Result:
         try:
@@ -352,21 +326,3 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
         shutil.rmtree(workroot, ignore_errors=True)
     checks = lab.checks + (options.extra.checks if options.extra else ())
     return Report(lab.path.stem, checks, results, box.warnings, time.monotonic() - start)
-
-
-def csv_text(report: Report) -> str:
-    """The CSV: submission, status, one column per check, total, max, reason."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["submission", "status", *[c.name for c in report.checks], "total", "max",
-                     "reason", "review"])
-    for r in report.results:
-        writer.writerow([
-            r.submission, r.status, *[_fmt(s.score) for s in r.scores], _fmt(r.total),
-            _fmt(r.maximum), "; ".join(r.reasons), " ".join(r.flags),
-        ])
-    return buf.getvalue()
-
-
-def write_csv(report: Report, path: Path) -> None:
-    nbk.write_atomic(Path(path), csv_text(report))
