@@ -406,3 +406,58 @@ def test_a_notebook_that_is_not_a_released_lab_is_refused(tmp_path: Path) -> Non
                                  "nbformat_minor": 5}))
     with pytest.raises(ValueError, match="no check cells"):
         rb.read_lab(plain)
+
+
+# -- scoring rules on recorded cells (no kernel) ---------------------------------------------
+
+CHECK = rb.Check("scale", 2.0, "PASS scale: 6/6 cases passed", 6)
+
+
+def _failed(evalue: str, ename: str = "CheckFailed") -> dict:
+    return {"cell": 0, "phase": "call", "outcome": "failed", "error_kind": "NbCellError",
+            "message": "Cell execution caused an exception", "kernel_alive": True,
+            "outputs": [{"type": "error", "ename": ename, "evalue": evalue}]}
+
+
+@pytest.mark.parametrize(
+    ("evalue", "ename", "score"),
+    [
+        ("FAIL scale: 3/6 cases passed\nfirst failing case: x", "CheckFailed", 1.0),
+        ("FAIL scale: 6/6 cases passed", "CheckFailed", 2.0 * 6 / 6),
+        ("FAIL scale: 3/4 cases passed", "CheckFailed", 0.0),  # not the release's case count
+        ("FAIL other: 3/6 cases passed", "CheckFailed", 0.0),  # not this check's name
+        ("FAIL scale: 7/6 cases passed", "CheckFailed", 0.0),
+        ("FAIL scale: 3/6 cases passed", "ValueError", 0.0),  # not raised by a check
+    ],
+)
+def test_partial_credit_only_from_this_checks_fail_line(evalue: str, ename: str,
+                                                         score: float) -> None:
+    assert gr.score_check(CHECK, _failed(evalue, ename), "").score == pytest.approx(score)
+
+
+def test_hidden_check_passes_only_on_a_complete_pass_line() -> None:
+    hidden = rb.Check("h", 1.0, hidden=True)
+
+    def ran(text: str) -> dict:
+        return {"cell": 0, "outcome": "passed", "message": "", "kernel_alive": True,
+                "outputs": [{"type": "stream", "name": "stdout", "text": text}]}
+
+    assert gr.score_check(hidden, ran("PASS h: 5/5 cases passed\n"), "").passed
+    assert not gr.score_check(hidden, ran(""), "").passed
+    assert not gr.score_check(hidden, ran("PASS h: 4/5 cases passed\n"), "").passed
+    detail = gr.score_check(hidden, _failed("FAIL h: 2/5 cases passed\ncase big: 7 instead "
+                                            "of 8"), "").detail
+    assert detail.startswith("2/5 cases passed") and "instead" not in detail
+
+
+def test_a_kernel_that_cannot_start_is_a_crash_with_the_reason() -> None:
+    cells = (rb.Cell("code", "code cell 0"), rb.Cell("check", "check `scale`", 0))
+    rebuilt = rb.Rebuilt(None, cells, (CHECK,), (), (), ())
+    records = tuple(
+        {"cell": i, "phase": "setup", "outcome": "failed", "error_kind": "RuntimeError",
+         "message": "Kernel died before replying to kernel_info", "kernel_alive": False,
+         "outputs": []} for i in range(2))
+    run = sb.RunRecord(records, 1, False, 1.0, "")
+    status, scores, reasons = gr.score_run(rebuilt, run, LIMITS)
+    assert status == "crashed" and scores[0].score == 0
+    assert reasons == ["the kernel could not start: Kernel died before replying to kernel_info"]

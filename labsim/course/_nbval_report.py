@@ -132,6 +132,7 @@ class _Recorder:
         kernel = getattr(item.parent, "kernel", None)
         record = {
             "cell": item.cell_num,
+            "phase": call.when,
             "outcome": report.outcome,
             "error_kind": type(exc).__name__ if exc is not None else "",
             "message": _cut(str(exc), TEXT_LIMIT_CHARS) if exc is not None else "",

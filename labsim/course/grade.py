@@ -168,6 +168,11 @@ def score_run(
         if record is None:
             break
         message = record.get("message", "")
+        if record.get("phase") == "setup":
+            status, last = "crashed", number - 1
+            stop = "the kernel could not start: " + (message.splitlines() or ["no message"])[0]
+            reasons.append(stop)
+            break
         if "Timeout of" in message:
             status = "timeout"
             reasons.append(
