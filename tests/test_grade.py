@@ -122,6 +122,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "files": gradelab.submission(
             lab, subs / "files.ipynb", scale=S["scale"], mean=S["mean"],
             add=f"import os, pathlib\nblocked = []\n"
+                f"os.system('mount -o remount,bind,rw / 2>/dev/null')\n"
                 f"for act in (lambda: pathlib.Path({str(victim)!r}).write_text('gone'),\n"
                 f"            lambda: os.remove({str(other)!r})):\n"
                 f"    try:\n        act()\n    except OSError as exc:\n"
@@ -461,3 +462,27 @@ def test_a_kernel_that_cannot_start_is_a_crash_with_the_reason() -> None:
     status, scores, reasons = gr.score_run(rebuilt, run, LIMITS)
     assert status == "crashed" and scores[0].score == 0
     assert reasons == ["the kernel could not start: Kernel died before replying to kernel_info"]
+
+
+def test_kernel_guard_cuts_what_one_cell_prints() -> None:
+    from labsim.course import _kernel_guard
+
+    class Stream:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, text: str) -> int:
+            self.text += text
+            return len(text)
+
+    stream, counts = Stream(), {}
+    _kernel_guard._cap(stream, 10, counts)
+    stream.write("PASS ok\n")
+    assert stream.text == "PASS ok\n"
+    stream.write("x" * 100)
+    stream.write("more")
+    assert stream.text.startswith("PASS ok\nxx") and stream.text.count("x") == 2
+    assert "output cut by the grader" in stream.text and "more" not in stream.text
+    counts.clear()  # the next cell
+    stream.write("PASS again\n")
+    assert stream.text.endswith("PASS again\n")

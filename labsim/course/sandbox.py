@@ -13,7 +13,9 @@ its own kernel.  What confines it (Linux):
   another address fails with "Network is unreachable";
 - **files**: in that mount namespace the whole file system is read-only except the run's
   working folder, so a notebook cannot change the release, the solutions or other
-  submissions;
+  submissions; the notebook runs in a second, nested user namespace, where those mounts are
+  locked (its "root" cannot remount them writable);
+- **output**: what one cell prints is cut at 1 MB inside the kernel (``_kernel_guard``);
 - **processes**: when the run ends, the PID namespace ends with it, so nothing the notebook
   started survives; without namespaces the grader kills the run's process tree.
 
@@ -97,7 +99,8 @@ def _probe_namespaces() -> str | None:
     script = (
         "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro /; "
         + _lo_up_command()
-        + "; touch \"$1/ok\"; ! touch /.labsim-probe 2>/dev/null"
+        + "; exec unshare -rm sh -c '! mount -o remount,bind,rw / 2>/dev/null && "
+        "touch \"$0/ok\" && ! touch /.labsim-probe 2>/dev/null' \"$1\""
     )
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"labsim-probe-{os.getpid()}"
     probe.mkdir(exist_ok=True)
@@ -197,8 +200,12 @@ def _environment(workdir: Path, ports: list[int], threads: int) -> dict[str, str
         del env[key]
     home = workdir / "home"
     tmp = workdir / "tmp"
-    for d in (home, tmp):
-        d.mkdir(exist_ok=True)
+    startup = home / ".ipython" / "profile_default" / "startup"
+    for d in (home, tmp, startup):
+        d.mkdir(parents=True, exist_ok=True)
+    (startup / "00-labsim-grade.py").write_text(
+        "from labsim.course._kernel_guard import install\ninstall()\n", encoding="utf-8"
+    )
     env.update(
         HOME=str(home),
         TMPDIR=str(tmp),
@@ -238,10 +245,13 @@ def _command(workdir: Path, limits: Limits, box: Sandbox) -> list[str]:
         argv = ["prlimit", f"--as={limits.memory_bytes + PYTEST_MARGIN_BYTES}", "--", *argv]
     if not box.namespaces:
         return argv
+    # The read-only remount is made inside the first user namespace, whose root could undo
+    # it; the second user namespace (``unshare -rm``) locks the mounts it inherits, so the
+    # notebook's "root" can neither remount them writable nor unmount the working folder.
     script = (
         "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro /; "
         + _lo_up_command()
-        + '; shift; exec "$@"'
+        + '; shift; exec unshare -rm "$@"'
     )
     return ["unshare", "-rnmpf", "--kill-child", "sh", "-c", script, "sh", str(workdir), *argv]
 
