@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"seconds for a whole notebook (default {d.notebook_s:g})")
     parser.add_argument("--memory", default=str(d.memory_bytes),
                         help="address-space limit of each kernel (default 4GiB)")
+    parser.add_argument("--keep-runs", type=Path,
+                        help="keep each run's working folder (graded notebook, nbval log) here")
     parser.add_argument("--extra-checks", type=Path,
                         help="a private .py file of '# %%% extra-check NAME points=N' cells")
 
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--lab {args.lab}: no such file")
     limits = sb.Limits(args.timeout_cell, args.timeout_notebook, parse_bytes(args.memory))
     extra = rb.read_extra_checks(args.extra_checks) if args.extra_checks else None
-    options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback)
+    options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback,
+                         keep_dir=args.keep_runs)
     box = sb.probe()
     for warning in box.warnings:
         print(f"labsim grade: warning: {warning}", file=sys.stderr)

@@ -204,7 +204,8 @@ def score_run(
             stop = f"the notebook ran over its {_fmt(limits.notebook_s)} s limit (in {where})"
         else:
             status = "crashed"
-            stop = f"the run stopped before {where}: {_last_line(run.log_tail)}"
+            stop = (f"the run stopped before {where} (the nbval process exited with code "
+                    f"{run.returncode}; rerun with --keep-runs DIR to see its log)")
         reasons.append(stop)
     scores = []
     cell_of = {c.check: n for n, c in enumerate(rebuilt.cells) if c.check is not None}
@@ -213,11 +214,6 @@ def score_run(
         record = records.get(number) if number <= last else None
         scores.append(score_check(check, record, stop or "not reached"))
     return status, scores, reasons
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else "no output"
 
 
 @dataclass(frozen=True)
