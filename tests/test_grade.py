@@ -486,3 +486,22 @@ def test_kernel_guard_cuts_what_one_cell_prints() -> None:
     counts.clear()  # the next cell
     stream.write("PASS again\n")
     assert stream.text.endswith("PASS again\n")
+
+
+def test_port_pool_never_hands_out_a_port_twice() -> None:
+    pool = sb.PortPool()
+    ports = [p for _ in range(40) for p in pool.take()]
+    assert len(ports) == 200 and len(set(ports)) == 200
+
+
+def test_extra_checks_file_format(tmp_path: Path) -> None:
+    path = tmp_path / "extra.py"
+    path.write_text("# %%\nimport math\n\n# %% extra-check a points=2.5\ncheck(f)\n"
+                    "# %% extra-check b\ncheck(g)\n")
+    extra = rb.read_extra_checks(path)
+    assert [(c.name, c.points, c.hidden) for c in extra.checks] == [
+        ("a", 2.5, True), ("b", 1.0, True)]
+    assert [src for src, _ in extra.cells] == ["import math", "check(f)", "check(g)"]
+    path.write_text("# %% extra-check a\nx\n# %% extra-check a\ny\n")
+    with pytest.raises(ValueError, match="unique"):
+        rb.read_extra_checks(path)
