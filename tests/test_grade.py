@@ -138,11 +138,13 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
             mean="blocks = [bytearray(10**9) for _ in range(50)]\n" + S["mean"])
     (subs / "bad_json.ipynb").write_text('{"cells": [')
     (subs / "not_nb.ipynb").write_text("[1, 2, 3]")
+    (subs / "bad_schema.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     wrong_lab = subs / "wrong_lab.ipynb"
     wrong_lab.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
                                      "nbformat_minor": 5}))
     files.update(bad_json=subs / "bad_json.ipynb", not_nb=subs / "not_nb.ipynb",
-                 wrong_lab=wrong_lab)
+                 bad_schema=subs / "bad_schema.ipynb", wrong_lab=wrong_lab)
     extra_file = root / "private" / "extra.py"
     extra_file.parent.mkdir()
     extra_file.write_text(EXTRA)
@@ -235,7 +237,7 @@ def test_hidden_check_scores_but_never_shows_its_cases(graded: dict) -> None:
 # -- the twelve hostile and broken cases -----------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["bad_json", "not_nb", "wrong_lab"])
+@pytest.mark.parametrize("name", ["bad_json", "not_nb", "bad_schema", "wrong_lab"])
 def test_1_unreadable_submission_is_invalid(graded: dict, name: str) -> None:
     r = row(graded, name)
     assert (r["status"], r["total"], r["max"]) == ("invalid", "0", "7")

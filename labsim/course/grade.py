@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
+
 from labsim.checks._core import SUMMARY_RE
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
@@ -233,7 +235,7 @@ class Options:
 
 
 def _invalid(name: str, checks: Sequence[rb.Check], reason: str) -> Result:
-    scores = tuple(CheckScore(c, 0.0, False, "not graded: " + reason) for c in checks)
+    scores = tuple(CheckScore(c, 0.0, False, "not graded") for c in checks)
     return Result(name, "invalid", scores, (reason,))
 
 
@@ -247,9 +249,14 @@ def _read_submission(path: Path) -> tuple[object | None, str]:
         limit_mb = MAX_SUBMISSION_BYTES // 10**6
         return None, f"the file is {size / 1e6:.0f} MB, over the {limit_mb} MB limit"
     try:
-        return nbk.read(path), ""
+        nb = nbk.read(path)
     except nbk.NotebookError as exc:
         return None, str(exc).removeprefix(f"{path}: ")
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        return None, f"not a valid notebook: {str(exc.message).splitlines()[0][:200]}"
+    return nb, ""
 
 
 def grade_one(
