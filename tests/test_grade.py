@@ -403,6 +403,16 @@ def test_bad_arguments_exit_2(graded: dict, tmp_path: Path) -> None:
     assert not os.path.exists(out)
 
 
+def test_help_describes_every_option(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["grade", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--lab", "--out", "--feedback", "--jobs", "--timeout-cell",
+                   "--timeout-notebook", "--memory", "--extra-checks", "# %% extra-check"):
+        assert option in text
+
+
 def test_a_notebook_that_is_not_a_released_lab_is_refused(tmp_path: Path) -> None:
     plain = tmp_path / "plain.ipynb"
     plain.write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-runs", type=Path,
                         help="keep each run's working folder (graded notebook, nbval log) here")
     parser.add_argument("--extra-checks", type=Path,
-                        help="a private .py file of '# %%% extra-check NAME points=N' cells")
+                        help="a private .py file of '# %%%% extra-check NAME points=N' cells")
 
 
 def run(args: argparse.Namespace) -> int:
