@@ -164,6 +164,7 @@ def score_run(
     """Status, per-check scores and reasons (in words) from one sandboxed run."""
     records = {r["cell"]: r for r in run.cells}
     status, stop, reasons = "ok", "", []
+    code_errors = 0
     last = -1  # the last cell whose record counts
     for number, cell in enumerate(rebuilt.cells):
         record = records.get(number)
@@ -190,15 +191,20 @@ def score_run(
             reasons.append(f"{stop} (os._exit, a crash such as a segfault, or out of memory)")
             last = number
             break
-        elif cell.role in ("exercise", "code", "extra-code") and record.get("outcome") != "passed":
+        elif cell.role in ("exercise", "code") and record.get("outcome") != "passed":
             error = _error(record.get("outputs", []))
-            if error is not None and cell.role != "extra-code":
-                first = (error.get("evalue") or "").splitlines()[:1]
-                reasons.append(
-                    f"{cell.label} raised {error.get('ename')}"
-                    + (f": {first[0][:200]}" if first else "")
-                )
+            # an unfinished exercise (NotImplementedError) is reported by its checks
+            if error is not None and error.get("ename") != "NotImplementedError":
+                if cell.role == "exercise" or not code_errors:
+                    first = (error.get("evalue") or "").splitlines()[:1]
+                    reasons.append(
+                        f"{cell.label} raised {error.get('ename')}"
+                        + (f": {first[0][:200]}" if first else "")
+                    )
+                code_errors += cell.role == "code"
         last = number
+    if code_errors > 1:
+        reasons.append(f"{code_errors - 1} more code cell(s) raised errors")
     if not stop and last + 1 < len(rebuilt.cells):
         where = rebuilt.cells[last + 1].label
         if run.notebook_timed_out:
