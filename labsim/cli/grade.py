@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -27,6 +28,10 @@ def parse_bytes(text: str) -> int:
     if not m or m[2].lower() not in _UNITS:
         raise ValueError(f"--memory {text!r}: give bytes or a size such as 4GiB, 3GB, 800MB")
     return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,7 +68,15 @@ def run(args: argparse.Namespace) -> int:
     box = sb.probe()
     for warning in box.warnings:
         print(f"labsim grade: warning: {warning}", file=sys.stderr)
-    report = gr.grade(args.lab, args.submissions, options, box)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # stop the runs as Ctrl-C does
+    try:
+        report = gr.grade(args.lab, args.submissions, options, box)
+    except KeyboardInterrupt:
+        print("labsim grade: interrupted; the running notebooks were stopped and no CSV was "
+              "written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     gr.write_csv(report, args.out)
     counts = {s: sum(r.status == s for r in report.results) for s in gr.STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)

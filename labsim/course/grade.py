@@ -268,6 +268,7 @@ def _read_submission(path: Path) -> tuple[object | None, str]:
 def grade_one(
     lab: rb.ReleasedLab, name: str, sub: object | None, problem: str, options: Options,
     box: sb.Sandbox, ports: Callable[[], list[int]], threads: int, workroot: Path,
+    cancel: threading.Event | None = None,
 ) -> Result:
     """Grade one submission (already read); never raises for anything in the submission."""
     checks = lab.checks + (options.extra.checks if options.extra else ())
@@ -279,7 +280,7 @@ def grade_one(
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workroot))
     try:
         run = sb.run_notebook(nbk.dumps(rebuilt.notebook), workdir, options.limits, box,
-                              ports(), threads)
+                              ports(), threads, cancel)
     finally:
         if options.keep_dir is not None:
             keep = Path(options.keep_dir) / feedback_names([name])[0].removesuffix(".txt")
@@ -305,6 +306,7 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
     read = [_read_submission(Path(p)) for p in submissions]  # all read before any run
     pool = sb.PortPool()
     lock = threading.Lock()
+    cancel = threading.Event()
 
     def ports() -> list[int]:
         with lock:
@@ -321,7 +323,7 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
     def one(i: int) -> Result:
         try:
             result = grade_one(lab, names[i], read[i][0], read[i][1], options, box, ports,
-                               threads, workroot)
+                               threads, workroot, cancel)
         except Exception as exc:  # noqa: BLE001 - one bad submission never stops the class
             checks = lab.checks + (options.extra.checks if options.extra else ())
             result = Result(names[i], "crashed",
@@ -333,10 +335,14 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
                              feedback_text(lab.path.stem, result))
         return result
 
+    executor = ThreadPoolExecutor(max_workers=options.jobs)
     try:
-        with ThreadPoolExecutor(max_workers=options.jobs) as executor:
-            results = tuple(executor.map(one, range(len(names))))
+        results = tuple(executor.map(one, range(len(names))))
+    except BaseException:  # Ctrl-C: stop the running notebooks, start no more
+        cancel.set()
+        raise
     finally:
+        executor.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(workroot, ignore_errors=True)
     checks = lab.checks + (options.extra.checks if options.extra else ())
     return Report(lab.path.stem, checks, results, box.warnings, time.monotonic() - start)

@@ -34,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ REPORT_FILE = "cells.jsonl"
 NOTEBOOK_FILE = "graded.ipynb"
 PYTEST_MARGIN_BYTES = 2 * 2**30
 GiB = 2**30
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class Sandbox:
     namespaces: bool
     prlimit: bool
     warnings: tuple[str, ...] = ()
+    pdeathsig: bool = False  # setpriv can make a run die with the grader
 
     @property
     def network_isolated(self) -> bool:
@@ -148,7 +151,22 @@ def probe() -> Sandbox:
             "no memory limit: the prlimit command (util-linux) is not available; a notebook "
             "can use all the memory of this machine"
         )
-    return Sandbox(namespaces=ns_problem is None, prlimit=has_prlimit, warnings=tuple(warnings))
+    return Sandbox(
+        namespaces=ns_problem is None,
+        prlimit=has_prlimit,
+        warnings=tuple(warnings),
+        pdeathsig=_has_pdeathsig(),
+    )
+
+
+def _has_pdeathsig() -> bool:
+    if not sys.platform.startswith("linux") or shutil.which("setpriv") is None:
+        return False
+    try:
+        out = subprocess.run(["setpriv", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--pdeathsig" in out.stdout
 
 
 @dataclass
@@ -243,8 +261,10 @@ def _command(workdir: Path, limits: Limits, box: Sandbox) -> list[str]:
     argv = _pytest_argv(workdir, limits)
     if box.prlimit:
         argv = ["prlimit", f"--as={limits.memory_bytes + PYTEST_MARGIN_BYTES}", "--", *argv]
+    # if the grader itself is killed, the run dies with it (with namespaces: all of it)
+    death = ["setpriv", "--pdeathsig", "KILL"] if box.pdeathsig else []
     if not box.namespaces:
-        return argv
+        return [*death, *argv]
     # The read-only remount is made inside the first user namespace, whose root could undo
     # it; the second user namespace (``unshare -rm``) locks the mounts it inherits, so the
     # notebook's "root" can neither remount them writable nor unmount the working folder.
@@ -253,7 +273,8 @@ def _command(workdir: Path, limits: Limits, box: Sandbox) -> list[str]:
         + _lo_up_command()
         + '; shift; exec unshare -rm "$@"'
     )
-    return ["unshare", "-rnmpf", "--kill-child", "sh", "-c", script, "sh", str(workdir), *argv]
+    return [*death, "unshare", "-rnmpf", "--kill-child", "sh", "-c", script, "sh", str(workdir),
+            *argv]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -294,9 +315,11 @@ def run_notebook(
     box: Sandbox,
     ports: list[int],
     threads: int = 1,
+    cancel: threading.Event | None = None,
 ) -> RunRecord:
     """Run ``notebook_text`` under nbval in ``workdir`` (which must be empty) and read back
-    the per-cell record.  Never raises for anything the notebook does."""
+    the per-cell record.  Never raises for anything the notebook does.  Setting ``cancel``
+    stops the run (and everything it started) within a fraction of a second."""
     workdir = Path(workdir)
     (workdir / NOTEBOOK_FILE).write_text(notebook_text, encoding="utf-8")
     _kernelspec(workdir, limits, box)
@@ -315,11 +338,19 @@ def run_notebook(
             start_new_session=True,
         )
         try:
-            proc.wait(timeout=limits.notebook_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while proc.poll() is None:
+                if time.monotonic() - start > limits.notebook_s:
+                    timed_out = True
+                    break
+                if cancel is not None and cancel.is_set():
+                    break
+                try:
+                    proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
-            _kill_tree(proc)
+            if proc.poll() is None:  # still ours (not reaped): stop it and all it started
+                _kill_tree(proc)
             proc.wait()
     wall_s = time.monotonic() - start
     return RunRecord(
