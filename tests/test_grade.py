@@ -380,14 +380,40 @@ def test_notebook_time_limit_kills_the_run_and_its_kernel(
     assert result.status == "timeout"
     assert "the notebook ran over its 3.5 s limit" in result.reasons[0]
     assert result.total < result.maximum
-    leftovers = []
+    assert _processes_mentioning(str(work)) == []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if str(work).encode() in (proc / "cmdline").read_bytes():
-                leftovers.append(proc.name)
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(proc.name)
         except OSError:
             continue
-    assert leftovers == []
+    return found
+
+
+def test_cancel_stops_a_run_and_everything_it_started(graded: dict, tmp_path: Path) -> None:
+    import threading
+    import time
+
+    import nbformat
+
+    loop = gradelab.submission(graded["lab"], tmp_path / "loop.ipynb",
+                               add="while True:\n    pass")
+    lab = rb.read_lab(graded["lab"])
+    rebuilt = rb.rebuild(lab, nbformat.read(loop, as_version=4))
+    work = tmp_path / "run"
+    work.mkdir()
+    cancel = threading.Event()
+    threading.Timer(4.0, cancel.set).start()
+    start = time.monotonic()
+    sb.run_notebook(nbformat.writes(rebuilt.notebook), work, sb.Limits(60, 120),
+                    graded["box"], sb.PortPool().take(), cancel=cancel)
+    assert time.monotonic() - start < 20
+    time.sleep(0.5)
+    assert _processes_mentioning(str(work)) == []
 
 
 def test_bad_arguments_exit_2(graded: dict, tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ its own kernel.  What confines it (Linux):
   locked (its "root" cannot remount them writable);
 - **output**: what one cell prints is cut at 1 MB inside the kernel (``_kernel_guard``);
 - **processes**: when the run ends, the PID namespace ends with it, so nothing the notebook
-  started survives; without namespaces the grader kills the run's process tree.
+  started survives; without namespaces the grader kills the run's process tree.  Runs are
+  started through ``setpriv --pdeathsig KILL`` where available, so they die with the grader.
 
 Where ``unshare`` or ``prlimit`` is missing or not permitted (macOS, containers without user
 namespaces, Ubuntu's AppArmor restriction), the run still happens without that protection and
