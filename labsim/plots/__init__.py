@@ -1,0 +1,12 @@
+"""Matplotlib figures (the presentation layer): one module per kind of plot.
+
+Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show``; pass
+``ax=`` to draw into an existing axes.
+"""
+
+from labsim.plots.collectives import busbw_curves
+from labsim.plots.gantt import gantt
+from labsim.plots.links import link_utilisation
+from labsim.plots.pipeline import pipeline_gantt
+
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "pipeline_gantt"]
