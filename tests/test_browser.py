@@ -59,14 +59,17 @@ def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
            f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--ServerApp.open_browser=False"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    settings = root.parent / f"{root.name}-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    settings = root.parent / f"{root.name}-settings" / "@jupyterlab"
+    for extension, name, values in (  # no news pop-up; every cell kept in the page
+            ("apputils-extension", "notification", {"fetchNews": "false",
+                                                    "checkForUpdates": False}),
+            ("notebook-extension", "tracker", {"windowingMode": "none"})):
+        (settings / extension).mkdir(parents=True)
+        (settings / extension / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
     log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env=dict(os.environ, JUPYTER_PLATFORM_DIRS="1",
-                                     JUPYTERLAB_SETTINGS_DIR=str(settings.parents[1])))
+                                     JUPYTERLAB_SETTINGS_DIR=str(settings.parent)))
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
