@@ -197,3 +197,67 @@ def int_mm_table(
                      t16.median_s / t8.median_s))
     cols = ("m x k x n", "fp16 ms", "int8 ms", "fp16 TFLOP/s", "int8 TOP/s", "int8 speed-up")
     return Table(cols, tuple(rows), title=torch.cuda.get_device_name(device))
+
+
+def layer_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The input of every ``nn.Linear`` of ``model`` when it runs on ``x``, by module name."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda _m, args, n=name: seen.__setitem__(n, args[0].detach().clone())
+        )
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def range_table(
+    calibration: torch.Tensor,
+    test: torch.Tensor,
+    observers: Mapping[str, Callable[[], Any]],
+    qparams: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    quantize: Callable[..., torch.Tensor],
+    dequantize: Callable[..., torch.Tensor],
+) -> Table:
+    """For each observer fed ``calibration``: its range, the step (scale), the fraction of
+    ``test`` values it clips and the root-mean-square quantization error on ``test``."""
+    rows = []
+    for name, make in observers.items():
+        obs = make()
+        obs.observe(calibration)
+        lo, hi = obs.range()
+        scale, zp = qparams(lo, hi)
+        back = dequantize(quantize(test, scale, zp), scale, zp)
+        err = back - test
+        clipped = float((err.abs() > scale / 2 * (1 + 1e-4)).float().mean())
+        rms = float(err.pow(2).mean().sqrt())
+        rows.append((name, float(lo), float(hi), float(scale), clipped, rms))
+    cols = ("observer", "lo", "hi", "scale (step)", "test values clipped", "RMS error")
+    return Table(cols, tuple(rows))
+
+
+def accuracy_table(
+    baseline: nn.Module, variants: Mapping[str, nn.Module | None], data: Any
+) -> Table:
+    """Test accuracy of each variant, its change from ``baseline`` in percentage points and
+    the fraction of test inputs whose predicted class differs from the baseline's."""
+    with torch.no_grad():
+        base_pred = baseline(data.x).argmax(dim=1)
+        base_acc = float((base_pred == data.y).float().mean())
+        rows = [("fp32 (baseline)", base_acc * 100, 0.0, 0.0)]
+        for name, model in variants.items():
+            if model is None:
+                continue
+            pred = model(data.x).argmax(dim=1)
+            acc = float((pred == data.y).float().mean())
+            flips = float((pred != base_pred).float().mean())
+            rows.append((name, acc * 100, (acc - base_acc) * 100, flips * 100))
+    cols = ("model", "accuracy %", "change (points)", "predictions changed %")
+    return Table(cols, tuple(rows))
