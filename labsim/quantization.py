@@ -8,9 +8,8 @@ the time, whatever the int8 peak.  A training matmul has thousands of tokens per
 sits far right of the ridge point, and int8 could only help by the ratio of the peaks (and
 training needs gradients in floating point anyway).
 
-Closed forms only (roofline model, Williams, Waterman & Patterson 2009): time = max(FLOP /
-peak, bytes / bandwidth).  Parameter counts follow the standard decoder layer (Vaswani et al.
-2017; grouped-query attention, Ainslie et al. 2023; SwiGLU, Shazeer 2020).
+Closed forms only (``labsim.roofline``: time = max(FLOP / peak, bytes / bandwidth), Williams,
+Waterman & Patterson 2009).  Layer shapes come from ``labsim.workload.Transformer``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labsim.hardware import GPU
-from labsim.hardware import gpu as _gpu
+from labsim.roofline import Roofline
+from labsim.workload import Transformer
 
 BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
@@ -30,55 +30,9 @@ def _bytes_of(dtype: str) -> float:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(BYTES)}") from None
 
 
-@dataclass(frozen=True)
-class DecoderLayer:
-    """One transformer decoder layer's shapes.
-
-    ``ffn_hidden`` defaults to 4 x ``hidden`` (8/3 x for SwiGLU, as in LLaMA, rounded up to a
-    multiple of 256); ``kv_heads`` below ``heads`` is grouped-query attention.
-    """
-
-    hidden: int
-    heads: int
-    kv_heads: int | None = None
-    ffn_hidden: int | None = None
-    swiglu: bool = False
-
-    def __post_init__(self) -> None:
-        if self.hidden <= 0 or self.heads <= 0:
-            raise ValueError("hidden and heads must be positive")
-        if self.hidden % self.heads:
-            raise ValueError(f"heads={self.heads} does not divide hidden={self.hidden}")
-        kv = self.kv_heads if self.kv_heads is not None else self.heads
-        if kv <= 0 or self.heads % kv:
-            raise ValueError(f"kv_heads={kv} must divide heads={self.heads}")
-        if self.ffn_hidden is not None and self.ffn_hidden <= 0:
-            raise ValueError("ffn_hidden must be positive")
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of K (and of V): kv_heads x head_dim."""
-        kv = self.kv_heads if self.kv_heads is not None else self.heads
-        return kv * (self.hidden // self.heads)
-
-    @property
-    def ffn(self) -> int:
-        if self.ffn_hidden is not None:
-            return self.ffn_hidden
-        if self.swiglu:
-            return -(-int(8 * self.hidden / 3) // 256) * 256
-        return 4 * self.hidden
-
-    @property
-    def weight_params(self) -> int:
-        """Matmul weights (biases and norms are negligible): Q, O, K, V and the MLP."""
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
-        mlp = (3 if self.swiglu else 2) * self.hidden * self.ffn
-        return attention + mlp
-
-
-LLAMA2_7B_LAYER = DecoderLayer(hidden=4096, heads=32, ffn_hidden=11008, swiglu=True)
-# Touvron et al. 2023, Table 1 / config.json of Llama-2-7b: 32 layers of this shape
+def llama2_7b() -> Transformer:
+    """Llama-2-7B (Touvron et al. 2023, Table 1): 32 layers of h = 4096, SwiGLU 11008."""
+    return Transformer.preset("llama2-7b")
 
 
 @dataclass(frozen=True)
@@ -88,8 +42,7 @@ class DecodeCost:
     flops: float  # per token
     weight_bytes: float  # per token: the layer's weights read once per step / batch
     kv_bytes: float  # per token: its own KV cache read once
-    peak_flops: float
-    bandwidth_Bps: float
+    roof: Roofline  # the GPU at the dtype the layer computes in
 
     @property
     def nbytes(self) -> float:
@@ -103,12 +56,12 @@ class DecodeCost:
     @property
     def time_s(self) -> float:
         """Roofline lower bound on the time per token: max(compute, memory)."""
-        return max(self.flops / self.peak_flops, self.nbytes / self.bandwidth_Bps)
+        return self.roof.op_time(self.flops, self.nbytes)
 
     @property
     def bound(self) -> str:
-        return "compute" if self.flops / self.peak_flops >= self.nbytes / self.bandwidth_Bps \
-            else "memory"
+        """"memory" or "compute"."""
+        return self.roof.bound(self.flops, self.nbytes)
 
     def __repr__(self) -> str:
         return (
@@ -119,7 +72,7 @@ class DecodeCost:
 
 def decode_cost(
     gpu: GPU | str,
-    layer: DecoderLayer = LLAMA2_7B_LAYER,
+    model: Transformer | None = None,
     *,
     batch: int = 1,
     context: int = 1024,
@@ -127,26 +80,29 @@ def decode_cost(
     kv_cache: str = "fp16",
     compute: str = "fp16",
 ) -> DecodeCost:
-    """Bytes and FLOP per generated token of one decoder layer, at ``batch`` sequences.
+    """Bytes and FLOP per generated token of one decoder layer of ``model`` (default
+    Llama-2-7B), at ``batch`` sequences decoded together.
 
     FLOP: 2 per weight, plus 4 x context x hidden for attention scores and their weighted sum.
-    Bytes: the weights once per step shared by the batch, plus this token's KV cache
-    (2 x context x kv_dim values).  ``compute`` picks the catalog peak (``"int8"`` when both
+    Bytes: the layer's parameters once per step shared by the batch (norms and biases, < 0.01 %
+    here, counted at the weight dtype too), plus this token's KV cache (2 x context x kv_dim
+    values).  ``compute`` picks the catalog peak (``"int8"`` when both
     weights and activations are int8, W8A8; ``"fp16"`` for weight-only int8, W8A16, where the
     weights are widened in registers).  Activations read/written are ignored (O(hidden)).
     """
     if batch < 1 or context < 0:
         raise ValueError("batch must be >= 1 and context >= 0")
-    g = _gpu(gpu)
-    flops = 2.0 * layer.weight_params + 4.0 * context * layer.hidden
-    weight_bytes = layer.weight_params * _bytes_of(weights) / batch
+    layer = model if model is not None else llama2_7b()
+    params = layer.params_per_layer
+    flops = 2.0 * params + 4.0 * context * layer.hidden
+    weight_bytes = params * _bytes_of(weights) / batch
     kv_bytes = 2.0 * context * layer.kv_dim * _bytes_of(kv_cache)
-    return DecodeCost(flops, weight_bytes, kv_bytes, g.peak(compute), g.memory_bandwidth_Bps)
+    return DecodeCost(flops, weight_bytes, kv_bytes, Roofline.of(gpu, compute))
 
 
 def int8_decode_speedup(
     gpu: GPU | str,
-    layer: DecoderLayer = LLAMA2_7B_LAYER,
+    model: Transformer | None = None,
     *,
     batch: int = 1,
     context: int = 1024,
@@ -161,11 +117,11 @@ def int8_decode_speedup(
     are compute-bound.
     """
     base = decode_cost(
-        gpu, layer, batch=batch, context=context, weights=baseline,
+        gpu, model, batch=batch, context=context, weights=baseline,
         kv_cache=baseline, compute=baseline,
     )
     q = decode_cost(
-        gpu, layer, batch=batch, context=context, weights="int8", kv_cache=baseline,
+        gpu, model, batch=batch, context=context, weights="int8", kv_cache=baseline,
         compute="int8" if activations_int8 else baseline,
     )
     return base.time_s / q.time_s
@@ -177,8 +133,7 @@ class MatmulCost:
 
     flops: float
     nbytes: float
-    peak_flops: float
-    bandwidth_Bps: float
+    roof: Roofline
 
     @property
     def intensity(self) -> float:
@@ -186,7 +141,7 @@ class MatmulCost:
 
     @property
     def time_s(self) -> float:
-        return max(self.flops / self.peak_flops, self.nbytes / self.bandwidth_Bps)
+        return self.roof.op_time(self.flops, self.nbytes)
 
 
 def matmul_cost(
@@ -199,7 +154,6 @@ def matmul_cost(
     """
     if min(m, n, k) < 1:
         raise ValueError("m, n and k must be >= 1")
-    g = _gpu(gpu)
     out = out_dtype or ("fp32" if dtype.lower() == "int8" else dtype)
     nbytes = (m * k + k * n) * _bytes_of(dtype) + m * n * _bytes_of(out)
-    return MatmulCost(2.0 * m * n * k, nbytes, g.peak(dtype), g.memory_bandwidth_Bps)
+    return MatmulCost(2.0 * m * n * k, nbytes, Roofline.of(gpu, dtype))

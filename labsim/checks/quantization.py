@@ -318,7 +318,8 @@ def _summarise(
 ) -> dict[str, Any]:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     qmodel = fn(model, calib, per_channel=per_channel, observer=observer)
-    unchanged = all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    after = model.state_dict()
+    unchanged = set(after) == set(before) and all(torch.equal(before[k], after[k]) for k in after)
     int8 = [m for m in qmodel.modules() if isinstance(m, ref.Int8Linear)]
     with torch.no_grad():
         out = qmodel(x)

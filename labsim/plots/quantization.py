@@ -15,18 +15,13 @@ from matplotlib.figure import Figure
 
 from labsim.hardware import GPU
 from labsim.hardware import gpu as _gpu
-from labsim.quantization import (
-    LLAMA2_7B_LAYER,
-    DecoderLayer,
-    decode_cost,
-    int8_decode_speedup,
-    matmul_cost,
-)
+from labsim.quantization import decode_cost, int8_decode_speedup, llama2_7b, matmul_cost
+from labsim.workload import Transformer
 
 
 def int8_decode(
     gpu: GPU | str = "H100-SXM",
-    layer: DecoderLayer = LLAMA2_7B_LAYER,
+    model: Transformer | None = None,
     *,
     batches: Sequence[int] = (1, 4, 16, 64, 256),
     context: int = 1024,
@@ -35,6 +30,7 @@ def int8_decode(
 ) -> Figure:
     """Two panels: decode on the roofline, and the int8 speed-up bound against batch size."""
     g = _gpu(gpu)
+    layer = model if model is not None else llama2_7b()
     fig = Figure(figsize=(11, 4.3), layout="constrained")
     ax, bx = fig.subplots(1, 2)
     x = np.logspace(-1, 4, 256)
@@ -57,7 +53,7 @@ def int8_decode(
                 label=f"training matmul {training_tokens}x{h}x{h}, {dtype}")
     ax.set_xlabel("arithmetic intensity (FLOP or OP per byte moved)")
     ax.set_ylabel("attainable FLOP/s (OP/s for int8)")
-    ax.set_title(f"{g.name}: one decoder layer on the roofline")
+    ax.set_title(f"{g.name}: one {layer.name} layer on the roofline")
     ax.legend(fontsize=7, loc="lower right")
 
     bs = np.unique(np.logspace(0, np.log10(max(batches) * 4), 40).astype(int))
