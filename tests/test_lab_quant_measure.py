@@ -60,7 +60,10 @@ def test_tables() -> None:
 
 def test_timing_table_and_gpu_only_helper() -> None:
     lin = nn.Linear(16, 16)
-    table = measure.time_models({"a": lin, "b": None, "c": lin}, (1, 4), 16, repeat=1)
+    threads = torch.get_num_threads()
+    table = measure.time_models({"a": lin, "b": None, "c": lin}, (1, 4), 16, repeat=1,
+                                threads=1)
+    assert torch.get_num_threads() == threads
     assert [r[:2] for r in table.rows] == [("a", 1), ("a", 4), ("c", 1), ("c", 4)]
     assert table.column("speed-up vs first")[:2] == [1.0, 1.0]
     with pytest.raises(ValueError, match="CUDA"):

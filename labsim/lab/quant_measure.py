@@ -132,9 +132,32 @@ def time_models(
     repeat: int = 5,
     max_seconds: float = 1.0,
     seed: int = 0,
+    threads: int | None = None,
 ) -> Table:
     """Median milliseconds per call of each model on (batch, features) inputs, and the
-    speed-up over the first model.  ``None`` entries are skipped."""
+    speed-up over the first model.  ``None`` entries are skipped.
+
+    ``threads`` sets PyTorch's intra-op threads while timing (restored afterwards); one thread
+    gives figures that compare across machines and survive a busy CPU, where threads that
+    wait for each other can make a 1 ms call take 30 ms.
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _time_models(models, batches, features, repeat, max_seconds, seed)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _time_models(
+    models: Mapping[str, Callable[[torch.Tensor], Any] | None],
+    batches: Sequence[int],
+    features: int,
+    repeat: int,
+    max_seconds: float,
+    seed: int,
+) -> Table:
     gen = torch.Generator().manual_seed(seed)
     inputs = {b: torch.randn(b, features, generator=gen) for b in batches}
     base: dict[int, float] = {}
