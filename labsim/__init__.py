@@ -25,8 +25,9 @@ from labsim.collectives import (
 )
 from labsim.hardware import GPU, Link, gpu, link
 from labsim.memory import MemoryBreakdown, activation_memory, training_memory
-from labsim.quantization import decode_cost, int8_decode_speedup
+from labsim.quantization import decode_cost, decode_step_time, int8_decode_speedup
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
+from labsim.sim.decode import DecodeResult, simulate_decode_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer
 

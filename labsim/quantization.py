@@ -127,6 +127,32 @@ def int8_decode_speedup(
     return base.time_s / q.time_s
 
 
+def decode_step_time(
+    gpu: GPU | str,
+    model: Transformer | None = None,
+    *,
+    batch: int = 1,
+    context: int = 1024,
+    weights: str = "fp16",
+    kv_cache: str = "fp16",
+    compute: str = "fp16",
+    layers: int | None = None,
+) -> float:
+    """Roofline time of one decode step (one token for each of ``batch`` sequences) through
+    ``layers`` decoder layers (default: all of ``model``'s; Llama-2-7B has 32).
+
+    Closed face of ``labsim.sim.decode.simulate_decode_step``: per layer max(compute, memory)
+    for the whole batch, memory and compute perfectly overlapped.
+    """
+    layer = model if model is not None else llama2_7b()
+    n = layers if layers is not None else layer.layers
+    if n < 1:
+        raise ValueError(f"layers must be >= 1, got {n}")
+    cost = decode_cost(gpu, layer, batch=batch, context=context, weights=weights,
+                       kv_cache=kv_cache, compute=compute)
+    return n * batch * cost.time_s
+
+
 @dataclass(frozen=True)
 class MatmulCost:
     """An (m x k) @ (k x n) matmul on the roofline."""
