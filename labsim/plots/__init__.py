@@ -4,6 +4,10 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 ``ax=`` to draw into an existing axes.
 """
 
+from labsim.plots.collectives import busbw_curves
+from labsim.plots.gantt import gantt
+from labsim.plots.links import link_utilisation
+from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.quantization import int8_decode
 
-__all__ = ["int8_decode"]
+__all__ = ["busbw_curves", "gantt", "int8_decode", "link_utilisation", "pipeline_gantt"]

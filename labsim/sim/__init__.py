@@ -1,8 +1,20 @@
-"""The simulation layer (simpy).
+"""The simulation layer (simpy): every simulation owns its own ``simpy.Environment``.
 
-Every simulation owns its own ``simpy.Environment``; nothing here keeps module-level state.
+``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
+``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
+buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
+communication, recompute and memory; ``decode``: an inference decode step, HBM streaming
+layers while the SMs compute. Nothing here keeps module-level state.
 """
 
+from labsim.sim.collectives import (
+    CollectiveResult,
+    run_collective,
+    simulate_collective,
+    start_collective,
+)
 from labsim.sim.decode import DecodeResult, simulate_decode_step
+from labsim.sim.network import Network
 
-__all__ = ["DecodeResult", "simulate_decode_step"]
+__all__ = ["CollectiveResult", "DecodeResult", "Network", "run_collective",
+           "simulate_collective", "simulate_decode_step", "start_collective"]
