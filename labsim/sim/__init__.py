@@ -3,7 +3,8 @@
 ``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
 ``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
 buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
-communication, recompute and memory. Nothing here keeps module-level state.
+communication, recompute and memory; ``decode``: an inference decode step, HBM streaming
+layers while the SMs compute. Nothing here keeps module-level state.
 """
 
 from labsim.sim.collectives import (
@@ -13,7 +14,8 @@ from labsim.sim.collectives import (
     start_collective,
 )
 from labsim.sim.dataloader import LoaderResult, simulate_dataloader
+from labsim.sim.decode import DecodeResult, simulate_decode_step
 from labsim.sim.network import Network
 
-__all__ = ["CollectiveResult", "LoaderResult", "Network", "run_collective", "simulate_collective",
-           "simulate_dataloader", "start_collective"]
+__all__ = sorted(name for name in dir() if not name.startswith("_")
+                 and callable(globals()[name]))
