@@ -19,7 +19,19 @@ The same workers run under torchrun on a real node, with no launcher involved::
     torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.lab.collectives:ring_allreduce_demo
 
 Each launch costs seconds (every worker imports torch): batch a lab's real runs into few
-launches.
+launches.  In a notebook::
+
+    def my_allreduce(rank, world, n):          # defined in a cell: shipped by value
+        t = torch.full((n,), float(rank))
+        dist.all_reduce(t)
+        return t.sum().item()
+
+    result = launch(my_allreduce, 3, args=(1000,), timeout_s=60)
+    result.values      # (3000.0, 3000.0, 3000.0): one value per rank
+    result.stdout[1]   # what rank 1 printed
+
+A check can hand a learner's function to an importable driver (``launch(driver, 3,
+args=(learner_fn, cases))``) so one launch runs every case.
 """
 
 from __future__ import annotations
