@@ -26,8 +26,10 @@ from labsim.collectives import (
 )
 from labsim.hardware import GPU, Link, gpu, link
 from labsim.memory import MemoryBreakdown, activation_memory, training_memory
+from labsim.plan import Plan
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import CollectiveResult, simulate_collective
+from labsim.sim.step import StepResult, simulate_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer
 

@@ -7,5 +7,6 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 from labsim.plots.collectives import busbw_curves
 from labsim.plots.gantt import gantt
 from labsim.plots.links import link_utilisation
+from labsim.plots.pipeline import pipeline_gantt
 
-__all__ = ["busbw_curves", "gantt", "link_utilisation"]
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "pipeline_gantt"]

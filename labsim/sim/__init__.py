@@ -1,6 +1,9 @@
-"""The simulation layer (simpy): the network with shared links, collectives as processes.
+"""The simulation layer (simpy): every simulation owns its own ``simpy.Environment``.
 
-Every simulation owns its own ``simpy.Environment``; nothing here keeps module-level state.
+``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
+``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
+buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
+communication, recompute and memory. Nothing here keeps module-level state.
 """
 
 from labsim.sim.collectives import (
