@@ -53,6 +53,8 @@ import cloudpickle
 
 __all__ = ["LaunchResult", "LaunchTimeout", "WorkerError", "free_port", "launch"]
 
+EXIT_GRACE_S = 10.0  # seconds a worker may take to exit after writing its result
+
 
 class WorkerError(RuntimeError):
     """A worker raised; ``rank`` is the first that did, ``remote_traceback`` its traceback."""
@@ -192,13 +194,21 @@ def _first_error(results: Sequence[Path]) -> tuple[int, dict] | None:
 
 def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
           start: float, timeout_s: float) -> None:
-    """Block until every worker is done; raise on a worker's error, a crash or the timeout."""
+    """Block until every worker is done; raise on a worker's error, a crash or the timeout.
+
+    A worker that has written its result but does not exit (stuck tearing down its process
+    group) is given ``EXIT_GRACE_S`` and then killed by the caller: its result stands."""
+    all_written: float | None = None
     while True:
         codes = [p.poll() for p in procs]
         error = _first_error(results)
         if error is not None:
             rank, outcome = error
             raise WorkerError(rank, outcome["traceback"], outcome["exc_type"])
+        if all_written is None and all(r.exists() for r in results):
+            all_written = time.perf_counter()
+        if all_written is not None and time.perf_counter() - all_written > EXIT_GRACE_S:
+            return
         for rank, code in enumerate(codes):
             if code is not None and not results[rank].exists():
                 raise WorkerError(rank, f"(no Python traceback: the process exited with code "
