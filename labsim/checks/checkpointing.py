@@ -17,6 +17,7 @@ import torch
 
 from labsim.checks._core import Case, close, raises, run_check
 from labsim.lab import checkpointing as C
+from labsim.lab.memory import MemoryMeter
 
 _LAYERS, _WIDTH, _TOKENS = 6, 16, 32
 
@@ -24,14 +25,13 @@ _LAYERS, _WIDTH, _TOKENS = 6, 16, 32
 def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None) -> dict:
     blocks = C.residual_mlp(_LAYERS, _WIDTH, seed=3)
     x = torch.randn(_TOKENS, _WIDTH, generator=torch.Generator().manual_seed(4))
-    params = list(blocks.parameters())
-    with C.saved_bytes_counter(params) as saved:
+    with MemoryMeter(blocks) as meter:
         out = forward(blocks, x, starts)
     out.square().mean().backward()
     return {
         "output": out.detach(),
-        "gradients": [p.grad.detach().clone() for p in params],
-        "bytes saved for backward": saved[0],
+        "gradients": [p.grad.detach().clone() for p in blocks.parameters()],
+        "bytes saved for backward": meter.saved_bytes,
     }
 
 

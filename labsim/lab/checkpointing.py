@@ -13,9 +13,9 @@ while backward runs through segment j it holds the activations of all its layers
 ``torch.utils.checkpoint.checkpoint_sequential`` the *last* segment is not checkpointed (its
 backward follows at once, so recomputing it would save nothing): it costs no recomputation.
 
-``measure_step`` measures bytes saved for backward and the peak of memory allocated during a
-training step with ``labsim.lab.memory_meter``-style accounting done here by a small tracker
-of tensor storages (works on CPU, where ``torch.cuda.max_memory_allocated`` does not exist).
+``measure_step`` measures bytes saved for backward (``labsim.lab.memory.MemoryMeter``) and the
+peak of memory allocated during a training step, with a small tracker of tensor storages that
+works on a CPU too, where the allocator keeps no peak statistic.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
+
+from labsim.lab.memory import MemoryMeter
 
 
 class ResidualBlock(nn.Module):
@@ -216,28 +218,6 @@ class _LiveBytes(TorchDispatchMode):
         return out
 
 
-@contextmanager
-def saved_bytes_counter(exclude: Sequence[torch.Tensor] = ()) -> Iterator[list[int]]:
-    """Count bytes of distinct storages saved for backward inside the block.
-
-    Yields a one-element list holding the running total.  Storages of ``exclude``
-    (the model's parameters, saved by every Linear) are not activations and are skipped.
-    """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: set[int] = set()
-    total = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip and ptr not in seen:
-            seen.add(ptr)
-            total[0] += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield total
-
-
 @dataclass(frozen=True)
 class StepMeasurement:
     """One training step of a checkpointing plan.
@@ -271,14 +251,13 @@ def measure_step(
 ) -> StepMeasurement:
     """Measure ``forward(blocks, x, starts)`` + backward of ``mean(out**2)``.
 
-    One instrumented step gives the bytes (saved-tensor hooks for what the forward keeps, a
+    One instrumented step gives the bytes (``MemoryMeter`` for what the forward keeps, a
     storage tracker for the peak); ``repeat`` plain steps give the time.
     """
-    params = list(blocks.parameters())
     blocks.zero_grad(set_to_none=True)
     tracker = _LiveBytes()
     with tracker:
-        with saved_bytes_counter(params) as saved:
+        with MemoryMeter(blocks) as meter:
             loss = forward(blocks, x, starts).square().mean()
         loss.backward()
     times = []
@@ -289,7 +268,9 @@ def measure_step(
         times.append(time.perf_counter() - t0)
     blocks.zero_grad(set_to_none=True)
     times.sort()
-    return StepMeasurement(label or str(starts), saved[0], tracker.peak, times[len(times) // 2])
+    return StepMeasurement(
+        label or str(starts), meter.saved_bytes, tracker.peak, times[len(times) // 2]
+    )
 
 
 def block_bytes(width: int, tokens: int, bytes_per_element: int = 4) -> tuple[int, int]:
