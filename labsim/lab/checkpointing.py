@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
+from labsim.lab.device import synchronize
 from labsim.lab.memory import MemoryMeter
 
 
@@ -263,8 +264,10 @@ def measure_step(
     times = []
     for _ in range(repeat):
         blocks.zero_grad(set_to_none=True)
+        synchronize(x.device)
         t0 = time.perf_counter()
         forward(blocks, x, starts).square().mean().backward()
+        synchronize(x.device)
         times.append(time.perf_counter() - t0)
     blocks.zero_grad(set_to_none=True)
     times.sort()

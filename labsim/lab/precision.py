@@ -225,25 +225,28 @@ def train_amp(
     *,
     steps: int = 30,
     seed: int = 0,
-    lr: float = 0.05,
+    lr: float = 0.03,
     target_scale: float = 30.0,
     dtype: str = "fp16",
 ) -> AmpRun:
     """Train ``amp_model(seed)`` for ``steps`` steps with autocast and the scaler it makes.
 
-    The targets are large (``target_scale`` times a normal draw), so the gradient of the
-    loss is large too: with a scale of 2**16 or more, ``scale * dL/dy`` exceeds fp16's
-    65504 and the backward pass produces inf.  A dynamic scaler therefore skips a step,
-    backs off, grows again after its growth interval and overflows again: the run shows
-    every branch of the algorithm.  The same inputs with ``GradScaler`` are the oracle.
+    The model learns a random linear map whose outputs are large (standard deviation
+    ``target_scale``), so the gradient of the loss is large too: with a scale of about 2**14
+    or more, ``scale * dL/dy`` exceeds fp16's 65504 and the backward pass produces inf.  A
+    dynamic scaler therefore skips a step, backs off, grows again after its growth interval
+    and overflows again: the run shows every branch of the algorithm while the loss falls.
+    Adam updates the weights.  The same inputs with ``GradScaler`` are the oracle.
     """
     if steps < 1:
         raise ValueError("steps must be >= 1")
     model = amp_model(seed)
+    width = model[0].in_features
     gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(steps, 32, 64, generator=gen)
-    y = target_scale * torch.randn(steps, 32, 8, generator=gen)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    w_true = torch.randn(width, 8, generator=gen) / math.sqrt(width)
+    x = torch.randn(steps, 32, width, generator=gen)
+    y = target_scale * x @ w_true  # a learnable map whose outputs have std ~ target_scale
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     scaler = make_scaler()
     params = list(model.parameters())
     losses, scales, skipped, norms = [], [], [], []
