@@ -41,3 +41,23 @@ def layer_gemm_times(
             for g in model.layer_gemms(micro_batch)
         )
     return out
+
+
+def layer_gemm_points(
+    model: Transformer,
+    device: str | GPU,
+    *,
+    micro_batch: int = 1,
+    dtypes: Sequence[str] = ("fp32", "bf16"),
+) -> list[tuple[str, float, float]]:
+    """(``"<dtype> <gemm>"``, intensity FLOP/byte, roofline-attainable FLOP/s) for each GEMM of
+    one layer and each dtype: points for ``labsim.plots.roofline`` (predicted, not measured)."""
+    points = []
+    for dtype in dtypes:
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+        roof = Roofline.of(device, dtype)
+        for g in model.layer_gemms(micro_batch):
+            intensity = g.intensity(DTYPE_BYTES[dtype])
+            points.append((f"{dtype} {g.name}", intensity, roof.attainable_flops(intensity)))
+    return points

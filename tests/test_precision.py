@@ -35,3 +35,14 @@ def test_unknown_dtype_and_missing_unit_raise():
         layer_gemm_times(model, "H100-SXM", dtypes=("fp12",))
     with pytest.raises(ValueError):
         layer_gemm_times(model, "V100-32GB", dtypes=("bf16",))
+
+
+def test_points_sit_on_their_roof():
+    from labsim.precision import layer_gemm_points
+
+    model = Transformer.preset("llama2-7b")
+    points = layer_gemm_points(model, "H100-SXM", dtypes=("fp32", "bf16"))
+    assert len(points) == 2 * len(model.layer_gemms(1))
+    for label, intensity, flops in points:
+        roof = Roofline.of("H100-SXM", label.split()[0])
+        assert flops == pytest.approx(min(roof.peak_flops, intensity * roof.bandwidth_Bps))

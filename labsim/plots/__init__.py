@@ -3,3 +3,17 @@
 Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show``; pass
 ``ax=`` to draw into an existing axes.
 """
+
+from labsim.plots.collectives import busbw_curves
+from labsim.plots.gantt import gantt
+from labsim.plots.links import link_utilisation
+from labsim.plots.loss_scaling import loss_scaling_run
+from labsim.plots.memory import memory_bars
+from labsim.plots.pipeline import pipeline_gantt
+from labsim.plots.recompute import recompute_tradeoff
+from labsim.plots.roofline import roofline
+from labsim.plots.utilisation import sweep_figure, utilisation_timeline
+
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "loss_scaling_run", "memory_bars",
+           "pipeline_gantt", "recompute_tradeoff", "roofline", "sweep_figure",
+           "utilisation_timeline"]

@@ -12,6 +12,8 @@ from typing import Protocol
 
 from matplotlib.figure import Figure
 
+from labsim.plots._figure import new_figure
+
 
 class _Run(Protocol):
     losses: tuple[float, ...]
@@ -24,7 +26,7 @@ def loss_scaling_run(run: _Run, *, title: str = "Dynamic loss scaling") -> Figur
     """Three panels sharing the step axis: loss, log2(scale), unscaled gradient norm."""
     steps = list(range(len(run.losses)))
     skipped = [i for i in steps if run.skipped[i]]
-    fig = Figure(figsize=(9, 6.5))
+    fig = new_figure((9, 6.5))
     ax_loss, ax_scale, ax_norm = fig.subplots(3, 1, sharex=True)
     ax_loss.plot(steps, run.losses, "-o", ms=3)
     ax_loss.set_ylabel("loss")

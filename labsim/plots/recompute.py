@@ -9,6 +9,8 @@ from typing import Protocol
 
 from matplotlib.figure import Figure
 
+from labsim.plots._figure import new_figure
+
 
 class _Measured(Protocol):
     label: str
@@ -29,7 +31,7 @@ def recompute_tradeoff(
     if not measured:
         raise ValueError("give at least one measured plan")
     panels = 2 if modelled else 1
-    fig = Figure(figsize=(6 * panels, 4.2))
+    fig = new_figure((6 * panels, 4.2))
     axes = fig.subplots(1, panels, squeeze=False)[0]
     ax = axes[0]
     base = measured[0].step_s

@@ -1,0 +1,19 @@
+"""The simulation layer (simpy): every simulation owns its own ``simpy.Environment``.
+
+``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
+``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
+buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
+communication, recompute and memory. Nothing here keeps module-level state.
+"""
+
+from labsim.sim.collectives import (
+    CollectiveResult,
+    run_collective,
+    simulate_collective,
+    start_collective,
+)
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
+from labsim.sim.network import Network
+
+__all__ = ["CollectiveResult", "LoaderResult", "Network", "run_collective", "simulate_collective",
+           "simulate_dataloader", "start_collective"]
