@@ -7,9 +7,11 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 from labsim.plots.collectives import busbw_curves
 from labsim.plots.gantt import gantt
 from labsim.plots.links import link_utilisation
+from labsim.plots.loss_scaling import loss_scaling_run
 from labsim.plots.memory import memory_bars
 from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.quantization import int8_decode
+from labsim.plots.recompute import recompute_tradeoff
 from labsim.plots.roofline import roofline
 from labsim.plots.utilisation import sweep_figure, utilisation_timeline
 
