@@ -1,0 +1,65 @@
+"""Shared fixtures: a tiny course (one solution notebook) built with the real pipeline."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Notebook kernels started by the tests must import this checkout's labsim.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+
+
+def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbformat.NotebookNode:
+    """Build a notebook from (kind, source[, metadata]) tuples; kind is 'code' or 'markdown'."""
+    nb = nbformat.v4.new_notebook()
+    for spec in cells:
+        kind, source = spec[0], spec[1]
+        meta = spec[2] if len(spec) > 2 else {}
+        maker = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
+        nb.cells.append(maker(source, metadata=meta))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    return nb
+
+
+TINY_LAB = [
+    ("markdown", "# Tiny lab\nSquares and sums."),
+    ("code", "from labsim.checks import Case, run_check"),
+    ("code", 'def square(x):\n    """Return x * x."""\n    ### BEGIN SOLUTION\n'
+             "    return x * x\n    ### END SOLUTION"),
+    ("code", "# NBVAL_CHECK_OUTPUT\n"
+             "run_check('square', square, [Case(f'x={i}', (i,), expected=i * i) "
+             "for i in (-2, 0, 1, 3, 7)])", {"points": 2}),
+    ("code", "class Acc:\n    def total(self, xs):\n        \"\"\"Sum of xs.\"\"\"\n"
+             "        ### BEGIN SOLUTION\n        return sum(xs)\n        ### END SOLUTION"),
+    ("code", "# NBVAL_CHECK_OUTPUT\n"
+             "run_check('total', Acc().total, [Case(f'n={n}', (list(range(n)),), "
+             "expected=n * (n - 1) // 2) for n in range(5)])"),
+    ("code", "print('only in the solution')", {"tags": ["solution-only"]}),
+    ("code", "# NBVAL_IGNORE_OUTPUT\nprint(square(4))"),
+]
+
+
+@pytest.fixture(scope="session")
+def python() -> str:
+    return sys.executable
+
+
+@pytest.fixture()
+def tiny_course(tmp_path: Path) -> tuple[Path, Path]:
+    """(solutions_dir, labs_dir) holding one unreleased solution notebook, 00_tiny."""
+    solutions, labs = tmp_path / "solutions", tmp_path / "labs"
+    solutions.mkdir()
+    labs.mkdir()
+    nbformat.write(make_notebook(TINY_LAB), solutions / "00_tiny.ipynb")
+    return solutions, labs

@@ -1,0 +1,182 @@
+"""Release: solutions -> labs, exact, deterministic, and safe on malformed input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labsim.course import notebook as nbk
+from labsim.course import release as rel
+from labsim.course.notebook import NotebookError
+
+from .conftest import make_notebook
+
+
+def test_stub_out_keeps_indentation_and_code_around_the_block() -> None:
+    src = "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"
+    assert nbk.stub_out(src, "here") == (
+        f"def f(x):\n    y = 1\n    {nbk.STUB}"
+    )
+    top = "### BEGIN SOLUTION\nz = 3\n### END SOLUTION\nprint(z)"
+    assert nbk.stub_out(top, "here") == f"{nbk.STUB}\nprint(z)"
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("### BEGIN SOLUTION\nx = 1\n", "never closed"),
+        ("x = 1\n### END SOLUTION\n", "without a"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n", "inside a solution"),
+        ("x = 1  ### BEGIN SOLUTION\n### END SOLUTION\n", "line of its own"),
+    ],
+)
+def test_unbalanced_markers_name_the_line(source: str, message: str) -> None:
+    with pytest.raises(NotebookError, match=message):
+        nbk.stub_out(source, "f.ipynb: cell 3")
+
+
+def test_release_writes_stubs_check_outputs_and_drops_solution_only(tiny_course) -> None:
+    solutions, labs = tiny_course
+    [outcome] = rel.release(solutions, labs)
+    assert outcome.changed
+    lab = nbformat.read(labs / "00_tiny.ipynb", as_version=4)
+    sources = [c.source for c in lab.cells]
+    assert not any("only in the solution" in s for s in sources)
+    assert not any("return x * x" in s or "return sum(xs)" in s for s in sources)
+    assert "        " + nbk.STUB in lab.cells[4].source  # method body, 8 spaces
+    roles = [c.metadata["labsim"]["role"] for c in lab.cells]
+    assert roles == ["markdown", "code", "exercise", "check", "exercise", "check", "code"]
+    checks = [c for c in lab.cells if nbk.is_check(c)]
+    assert [c.outputs[0].text for c in checks] == [
+        "PASS square: 5/5 cases passed\n", "PASS total: 5/5 cases passed\n"]
+    assert all(c.execution_count for c in checks)
+    assert checks[0].metadata["points"] == 2
+    others = [c for c in lab.cells if c.cell_type == "code" and not nbk.is_check(c)]
+    assert all(c.outputs == [] and c.execution_count is None for c in others)
+
+
+def test_release_is_byte_identical_and_ids_are_stable(tiny_course) -> None:
+    solutions, labs = tiny_course
+    rel.release(solutions, labs)
+    first = ((labs / "00_tiny.ipynb").read_bytes(), (solutions / "00_tiny.ipynb").read_bytes())
+    [again] = rel.release(solutions, labs)
+    assert not again.changed
+    second = ((labs / "00_tiny.ipynb").read_bytes(), (solutions / "00_tiny.ipynb").read_bytes())
+    assert first == second
+    sol_ids = [c.id for c in nbformat.read(solutions / "00_tiny.ipynb", as_version=4).cells]
+    lab_ids = [c.id for c in nbformat.read(labs / "00_tiny.ipynb", as_version=4).cells]
+    assert len(set(sol_ids)) == len(sol_ids)
+    assert lab_ids == [i for k, i in enumerate(sol_ids) if k != 6]  # solution-only dropped
+
+
+def test_check_names_the_stale_lab(tiny_course) -> None:
+    solutions, labs = tiny_course
+    rel.release(solutions, labs)
+    assert not any(o.changed for o in rel.check(solutions, labs))
+    path = labs / "00_tiny.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][0]["source"] = "# edited by hand"
+    path.write_text(json.dumps(nb))
+    [stale] = rel.check(solutions, labs)
+    assert stale.changed and "differs" in stale.reason
+    result = subprocess.run(
+        [sys.executable, "-m", "labsim", "release", "--check", "--solutions", str(solutions),
+         "--labs", str(labs)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "stale: 00_tiny" in result.stdout
+
+
+def test_check_flags_a_lab_without_solution_and_an_unreleased_solution(tiny_course) -> None:
+    solutions, labs = tiny_course
+    [unreleased] = rel.check(solutions, labs)
+    assert unreleased.changed  # never released: not normalised, no stored check outputs
+    rel.release(solutions, labs)
+    (labs / "99_orphan.ipynb").write_text((labs / "00_tiny.ipynb").read_text())
+    reasons = {o.name: o.reason for o in rel.check(solutions, labs) if o.changed}
+    assert reasons == {"99_orphan": "no solution notebook for this lab"}
+
+
+@pytest.mark.parametrize(
+    "cells, message",
+    [
+        ([("markdown", "### BEGIN SOLUTION\ntext\n### END SOLUTION")], "only allowed in code"),
+        ([("code", "x = 1"), ("code", "def f():\n    ### BEGIN SOLUTION\n    pass")],
+         r"cell 1 .*never closed"),
+    ],
+)
+def test_malformed_solution_is_refused_before_anything_is_written(
+        tmp_path: Path, cells, message) -> None:
+    solutions, labs = tmp_path / "solutions", tmp_path / "labs"
+    solutions.mkdir()
+    path = solutions / "03_bad.ipynb"
+    nbformat.write(make_notebook(cells), path)
+    before = path.read_bytes()
+    with pytest.raises(NotebookError, match=message) as info:
+        rel.release(solutions, labs)
+    assert "03_bad.ipynb" in str(info.value)
+    assert path.read_bytes() == before
+    assert not labs.exists() or not list(labs.iterdir())
+
+
+def test_invalid_json_names_the_file_and_cli_exits_2(tmp_path: Path) -> None:
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    (solutions / "05_broken.ipynb").write_text('{"cells": [')
+    with pytest.raises(NotebookError, match=r"05_broken.ipynb: not valid notebook JSON"):
+        rel.release(solutions, tmp_path / "labs")
+    result = subprocess.run(
+        [sys.executable, "-m", "labsim", "release", "--solutions", str(solutions),
+         "--labs", str(tmp_path / "labs")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "05_broken.ipynb" in result.stderr
+    assert not (tmp_path / "labs" / "05_broken.ipynb").exists()
+
+
+def test_a_failing_solution_is_reported_and_leaves_no_file(tmp_path: Path) -> None:
+    solutions, labs = tmp_path / "solutions", tmp_path / "labs"
+    solutions.mkdir()
+    nbformat.write(make_notebook([("code", "1 / 0")]), solutions / "04_err.ipynb")
+    with pytest.raises(NotebookError, match="ZeroDivisionError"):
+        rel.release(solutions, labs)
+    assert not (labs / "04_err.ipynb").exists()
+
+
+def _nbval(path: Path) -> dict[str, str]:
+    """Run nbval on ``path``; map each test id to its outcome."""
+    report = path.with_suffix(".xml")
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+         "--nbval-cell-timeout=60", f"--junitxml={report}", str(path)],
+        capture_output=True, text=True, cwd=path.parent)
+    import xml.etree.ElementTree as ET
+
+    outcomes = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        outcomes[case.get("name")] = "failed" if failed else "passed"
+    return outcomes
+
+
+def test_nbval_grades_the_released_lab_even_when_tracebacks_are_hidden(tiny_course) -> None:
+    solutions, labs = tiny_course
+    rel.release(solutions, labs)
+    lab_path = labs / "00_tiny.ipynb"
+    nb = nbformat.read(lab_path, as_version=4)
+    # The trick that hides errors from nbval: the check cells must still fail.
+    nb.cells.insert(1, nbformat.v4.new_code_cell(
+        "get_ipython().showtraceback = lambda *a, **k: None"))
+    hidden = labs / "00_tiny_hidden.ipynb"
+    nbformat.write(nb, hidden)
+    for path in (lab_path, hidden):
+        outcomes = _nbval(path)
+        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        check_cells = [i for i, c in enumerate(code) if nbk.is_check(c)]  # nbval counts code
+        assert check_cells
+        for index in check_cells:
+            assert outcomes[f"Cell {index}"] == "failed", (path.name, index, outcomes)
+    assert set(_nbval(solutions / "00_tiny.ipynb").values()) == {"passed"}
