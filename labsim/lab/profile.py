@@ -10,6 +10,10 @@ the traffic it causes if every operand crosses main memory once and nothing stay
 
 A ``torch.compile``d function shows as one "Torch-Compiled Region" whose generated kernels
 are not ATen operators; ``compiled_regions`` counts those regions.
+
+``peak_bytes`` measures the most memory a call held at once above what was allocated before
+it, on any device: on CUDA from the caching allocator's peak statistic, on a CPU from the
+profiler's record of every allocation and free (``profile_memory=True``), replayed in order.
 """
 
 from __future__ import annotations
@@ -176,3 +180,35 @@ def result_sizes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any
     with mode:
         result = fn(*args, **kwargs)
     return result, mode.numels
+
+
+def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Peak bytes allocated during ``fn(*args, **kwargs)`` beyond what was held before it.
+
+    The result counts too while it is alive.  CUDA: ``torch.cuda.max_memory_allocated``; CPU:
+    the running sum of the profiler's allocation (+) and free (-) events.
+    """
+    if torch.cuda.is_available() and any(
+        isinstance(a, torch.Tensor) and a.is_cuda for a in args
+    ):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - start
+        del result
+        return int(peak)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    del result
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    held = peak = 0
+    for _, nbytes in events:
+        held += nbytes
+        peak = max(peak, held)
+    return int(peak)
