@@ -12,9 +12,26 @@ Beside them: ``lab`` (helpers for real PyTorch exercises), ``checks`` (what chec
 and ``course`` (release and grading), and the ``labsim`` command line in ``cli``.
 """
 
+from types import ModuleType as _ModuleType
+
+from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
+from labsim.collectives import (
+    algbw,
+    busbw,
+    busbw_factor,
+    collective_lower_bound,
+    collective_time,
+    collective_time_on,
+)
 from labsim.hardware import GPU, Link, gpu, link
+from labsim.memory import MemoryBreakdown, activation_memory, training_memory
+from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.trace import Span, Trace
+from labsim.workload import Gemm, Transformer
 
 __version__ = "0.1.0"
 
-__all__ = ["GPU", "Link", "Span", "Trace", "gpu", "link"]
+__all__ = sorted(
+    name for name, value in globals().items()
+    if not name.startswith("_") and not isinstance(value, _ModuleType)
+)

@@ -7,6 +7,12 @@ dense training GEMM can reach and are never stored here.
 Links carry their line rate per direction and what NCCL really achieves on them for large
 messages (``nccl_efficiency``), because a ring all-reduce never runs at line rate: NVLink
 packets carry protocol headers and NCCL's kernels need a few percent of the time to reduce.
+
+A link's ``latency_s`` is the alpha of the alpha-beta model: the fixed cost of one step of a
+collective over that link.  We take NCCL's own cost model (``src/graph/tuning.cc``, table
+``hwLat``, ring algorithm, Simple protocol -- the protocol NCCL uses for large messages):
+3.4 us per step over NVLink, 5.7 us over PCIe, 14 us over the network.  A bare wire is
+faster (an InfiniBand hop is ~1 us); these figures include the GPU-side software per step.
 """
 
 from __future__ import annotations
@@ -232,18 +238,22 @@ _GPUS: tuple[GPU, ...] = (
 )
 
 G = 1e9
+# NCCL src/graph/tuning.cc, hwLat[hw][RING][SIMPLE]: per-step latency of a ring step, in s.
+_NCCL_RING_LAT_NVLINK = 3.4e-6
+_NCCL_RING_LAT_PCI = 5.7e-6
+_NCCL_RING_LAT_NET = 14e-6
 _LINKS: tuple[Link, ...] = (
     Link(
         "nvlink2",
         150 * G,
-        3e-6,
+        _NCCL_RING_LAT_NVLINK,
         "V100 SXM2: 6 NVLink2 links x 25 GB/s per direction (NVIDIA V100 datasheet: 300 GB/s "
         "bidirectional)",
     ),
     Link(
         "nvlink3",
         300 * G,
-        3e-6,
+        _NCCL_RING_LAT_NVLINK,
         "A100 SXM4: 12 NVLink3 links x 25 GB/s = 300 GB/s per direction (600 GB/s "
         "bidirectional, NVIDIA A100 datasheet)",
         nccl_efficiency=230 / 300,
@@ -253,7 +263,7 @@ _LINKS: tuple[Link, ...] = (
     Link(
         "nvlink4",
         450 * G,
-        3e-6,
+        _NCCL_RING_LAT_NVLINK,
         "H100 SXM5: 18 NVLink4 links x 25 GB/s = 450 GB/s per direction (900 GB/s "
         "bidirectional, NVIDIA H100 datasheet)",
         nccl_efficiency=370 / 450,
@@ -263,25 +273,25 @@ _LINKS: tuple[Link, ...] = (
     Link(
         "pcie3-x16",
         15.75 * G,
-        5e-6,
+        _NCCL_RING_LAT_PCI,
         "PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130 encoding = 15.75 GB/s per direction",
     ),
     Link(
         "pcie4-x16",
         31.5 * G,
-        5e-6,
+        _NCCL_RING_LAT_PCI,
         "PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 encoding = 31.5 GB/s per direction",
     ),
     Link(
         "pcie5-x16",
         63 * G,
-        5e-6,
+        _NCCL_RING_LAT_PCI,
         "PCIe 5.0 x16: 32 GT/s x 16 lanes x 128/130 encoding = 63 GB/s per direction",
     ),
     Link(
         "ib-hdr",
         25 * G,
-        5e-6,
+        _NCCL_RING_LAT_NET,
         "InfiniBand HDR: 200 Gb/s = 25 GB/s per port per direction",
         nccl_efficiency=47 / 50,
         efficiency_source="assumed equal to NDR's measured fraction (46-48 of 50 GB/s)",
@@ -289,7 +299,7 @@ _LINKS: tuple[Link, ...] = (
     Link(
         "ib-ndr",
         50 * G,
-        5e-6,
+        _NCCL_RING_LAT_NET,
         "InfiniBand NDR: 400 Gb/s = 50 GB/s per port per direction",
         nccl_efficiency=47 / 50,
         efficiency_source="NCCL maintainers (nccl-tests issues): 46-48 GB/s busbw per "

@@ -1,0 +1,290 @@
+"""Where training memory goes: model states (weights, gradients, optimizer) and activations.
+
+Model states per parameter, by ``precision`` (bytes for weights + gradients + optimizer):
+
+============================  =======  =====  ====================================  ======
+precision                     weights  grads  optimizer (Adam)                      total
+============================  =======  =====  ====================================  ======
+``"fp32"``                    4        4      m 4 + v 4                             16
+``"mixed"`` (ZeRO paper)      2        2      fp32 master 4 + m 4 + v 4 (K = 12)    16
+``"mixed-fp32-grads"``        2        4      12                                    18
+``"bf16"`` / ``"fp16"`` pure  2        2      m 2 + v 2                             8
+============================  =======  =====  ====================================  ======
+
+"mixed" is Rajbhandari et al. 2020 (ZeRO, Sec. 3.1): (2 + 2 + K) Psi with K = 12.  Megatron-LM
+keeps gradients in fp32 (its distributed-optimizer notes count 18 bytes/param).  SGD keeps
+no state (mixed still keeps the fp32 master copy, 4 B); SGD with momentum keeps one buffer.
+
+ZeRO (stages 1/2/3) shards optimizer states / + gradients / + weights over the ``dp``
+data-parallel ranks; the ZeRO paper's 7.5B example on 64 GPUs gives 120 / 31.4 / 16.6 / 1.9 GB.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"), Table 2, per layer with 16-bit values and 1-byte dropout masks:
+
+- no parallelism: ``sbh (34 + 5as/h)``
+- tensor parallel t: ``sbh (10 + 24/t + 5as/(ht))``
+- tensor + sequence parallel: ``sbh (34/t + 5as/(ht))``
+- selective recompute drops the ``5as/(ht)`` term (the s x s attention activations)
+- full recompute: ``2sbh`` (each layer keeps its input only)
+
+Under 1F1B the first of p pipeline stages holds p micro-batches of L/p layers = L layers'
+worth; interleaving with v virtual stages multiplies by ``1 + (p-1)/(p v)`` (Sec. 4.2.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from labsim.units import fmt_bytes
+from labsim.workload import Transformer
+
+PRECISIONS = ("fp32", "mixed", "mixed-fp32-grads", "bf16", "fp16")
+OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
+RECOMPUTE = ("none", "selective", "full")
+
+# bytes per parameter: (weights, gradients, master copy kept by the optimizer, one state)
+_BYTES = {
+    "fp32": (4, 4, 0, 4),
+    "mixed": (2, 2, 4, 4),
+    "mixed-fp32-grads": (2, 4, 4, 4),
+    "bf16": (2, 2, 0, 2),
+    "fp16": (2, 2, 0, 2),
+}
+_STATES = {"adam": 2, "sgd": 0, "sgd-momentum": 1}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU: ``params`` (weights), ``grads``, ``optimizer`` (master copy + states),
+    ``activations``.  ``model_states`` = the first three, ``total`` = all four."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float = 0.0
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations
+
+    def as_dict(self) -> dict[str, float]:
+        """The four parts in order, for tables and stacked bars."""
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+        }
+
+    def fits(self, capacity_bytes: float) -> bool:
+        """True if ``total`` fits in ``capacity_bytes`` (e.g. ``labsim.gpu('A100-80GB')
+        .memory_bytes``); allocator fragmentation and workspace are not modelled."""
+        return self.total <= capacity_bytes
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={fmt_bytes(v)}" for k, v in self.as_dict().items())
+        return f"MemoryBreakdown({parts}; total={fmt_bytes(self.total)})"
+
+
+def bytes_per_param(precision: str = "mixed", optimizer: str = "adam") -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter before any sharding."""
+    if precision not in _BYTES:
+        raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    if optimizer not in _STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}")
+    weights, grads, master, state = _BYTES[precision]
+    return weights, grads, master + _STATES[optimizer] * state
+
+
+def training_memory(
+    params_or_model: int | float | Transformer,
+    *,
+    precision: str = "mixed",
+    optimizer: str = "adam",
+    zero_stage: int = 0,
+    dp: int = 1,
+    **activation_kwargs: Any,
+) -> MemoryBreakdown:
+    """Bytes per GPU of training a model with ``dp``-way data parallelism and ZeRO.
+
+    ``params_or_model``: a parameter count, or a ``Transformer``.  With a Transformer and
+    ``micro_batch=...`` (plus any other ``activation_memory`` keyword: tp, pp, recompute, ...)
+    the activations are included and, with tp/pp > 1, the model states are those of one rank of
+    the first pipeline stage (``stage_params``).  Activations use 16-bit values except for
+    ``precision="fp32"`` (4-byte values).
+    """
+    if precision not in _BYTES:
+        raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    if optimizer not in _STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r}; ZeRO has stages 0, 1, 2 and 3")
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ValueError(f"dp must be a positive integer (data-parallel ranks), got {dp!r}")
+
+    activations = 0.0
+    if isinstance(params_or_model, Transformer):
+        model = params_or_model
+        tp, pp = activation_kwargs.get("tp", 1), activation_kwargs.get("pp", 1)
+        n = float(stage_params(model, tp=tp, pp=pp))
+        if activation_kwargs:
+            if "micro_batch" not in activation_kwargs:
+                raise ValueError("activation keywords need micro_batch=... (sequences per step)")
+            activation_kwargs.setdefault("dtype_bytes", 4 if precision == "fp32" else 2)
+            activations = activation_memory(model, **activation_kwargs)
+    else:
+        if activation_kwargs:
+            raise ValueError(
+                f"activation keywords {sorted(activation_kwargs)} need a Transformer, not a "
+                "parameter count: pass labsim.Transformer(...) or a preset"
+            )
+        try:
+            n = float(params_or_model)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"params_or_model must be a parameter count or a Transformer, got "
+                f"{type(params_or_model).__name__}"
+            ) from None
+        if not n >= 0:
+            raise ValueError(f"parameter count must be >= 0, got {params_or_model!r}")
+
+    w, g, o = bytes_per_param(precision, optimizer)
+    # ZeRO (Rajbhandari et al. 2020, Fig. 1): P_os shards optimizer states, P_os+g also the
+    # gradients, P_os+g+p also the weights, each over the dp ranks.
+    shard_o = dp if zero_stage >= 1 else 1
+    shard_g = dp if zero_stage >= 2 else 1
+    shard_w = dp if zero_stage >= 3 else 1
+    return MemoryBreakdown(
+        params=w * n / shard_w,
+        grads=g * n / shard_g,
+        optimizer=o * n / shard_o,
+        activations=activations,
+    )
+
+
+def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
+    """Parameters held by one tensor-parallel rank of pipeline stage ``stage``.
+
+    Layers split evenly over ``pp`` stages; the first stage also holds the embeddings, the
+    last the final norm and output layer (with tied embeddings Megatron keeps a copy of the
+    word embedding there).  Under tensor parallelism (Shoeybi et al. 2019) the QKV, output
+    projection, MLP matrices, column-parallel biases and the vocabulary are split over ``tp``;
+    norms, row-parallel biases and position embeddings are replicated.
+    """
+    model.check_tp(tp)
+    if not isinstance(pp, int) or pp < 1 or model.layers % pp:
+        raise ValueError(f"pp={pp!r} must be a positive divisor of layers={model.layers}")
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage={stage} must be in 0..{pp - 1}")
+    h, f, kv, m = model.hidden, model.ffn_hidden, model.kv_dim, model.mlp_matrices
+    kv_shard = kv // tp if model.kv_heads % tp == 0 else model.head_dim
+    q_shard = h // tp
+    sharded = h * (q_shard + 2 * kv_shard) + q_shard * h + m * h * (f // tp)
+    if model.bias:
+        sharded += (q_shard + 2 * kv_shard) + (m - 1) * (f // tp)
+        replicated_bias = 2 * h  # attention output and MLP down biases (row-parallel)
+    else:
+        replicated_bias = 0
+    per_layer = sharded + replicated_bias + 2 * model.norm_params
+    total = (model.layers // pp) * per_layer
+    vocab_shard = -(-model.vocab // tp) * h
+    if stage == 0:
+        total += vocab_shard
+        if model.positions == "learned":
+            total += model.seq_len * h
+    if stage == pp - 1:
+        total += model.norm_params
+        if not model.tied_embeddings or pp > 1:
+            total += vocab_shard
+    return total
+
+
+def activation_per_layer(
+    model: Transformer,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    dtype_bytes: float = 2,
+    mask_bytes: float = 1,
+) -> float:
+    """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
+
+    With ``dtype_bytes=2`` (16-bit values) and ``mask_bytes=1`` (CUDA's byte dropout masks)
+    this is Table 2 exactly.  In general, with d = ``dtype_bytes`` and m = ``mask_bytes``,
+    ``34 sbh -> sbh(16d + 2m)`` and ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of
+    sbh, one of as^2b).  PyTorch's CPU dropout keeps its mask in the input's dtype (m = d).
+    The formula assumes the GPT layer of the paper (4h GeLU MLP, dropout); for SwiGLU or
+    dropout-free models it is an approximation.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
+    if not isinstance(micro_batch, int) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    if not dtype_bytes > 0 or not mask_bytes >= 0:
+        raise ValueError(
+            f"dtype_bytes must be > 0 and mask_bytes >= 0, got {dtype_bytes!r}, {mask_bytes!r}"
+        )
+    model.check_tp(tp)
+    if sequence_parallel and tp == 1:
+        sequence_parallel = False  # identical to no parallelism
+    s, b, h, a, t = model.seq_len, micro_batch, model.hidden, model.heads, tp
+    d, m = dtype_bytes, mask_bytes
+    sbh = s * b * h
+    if recompute == "full":
+        return d * sbh  # the layer's input only: 2sbh in 16 bits
+    # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), the
+    # two sbh dropout masks; split part: Q, K, V, projection input, MLP 4h intermediate and
+    # GeLU output (12 x sbh); attention: softmax output, its dropout mask and dropout output.
+    replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
+    split = 12 * d  # 24 for d = 2
+    linear = (replicated + split) / t if sequence_parallel else replicated + split / t
+    attention = 0.0 if recompute == "selective" else (2 * d + m) * a * s / (h * t)  # 5as/(ht)
+    return sbh * (linear + attention)
+
+
+def activation_memory(
+    model: Transformer,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    pp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    virtual_stages: int = 1,
+    dtype_bytes: float = 2,
+    mask_bytes: float = 1,
+) -> float:
+    """Activation bytes held at peak by the FIRST pipeline stage under 1F1B.
+
+    ``L * activation_per_layer * (1 + (p-1)/(p v))`` with the interleaving factor applying
+    only when ``virtual_stages`` v > 1 (Korthikanti et al. 2022, Sec. 4.2.3; with v = 1 the
+    first stage holds p micro-batches of L/p layers = L layers).  Embedding-dropout and
+    output-layer buffers (a few sbh, Sec. 4.3) are not included.
+    """
+    if not isinstance(pp, int) or pp < 1 or model.layers % pp:
+        raise ValueError(f"pp={pp!r} must be a positive divisor of layers={model.layers}")
+    if not isinstance(virtual_stages, int) or virtual_stages < 1:
+        raise ValueError(f"virtual_stages must be a positive integer, got {virtual_stages!r}")
+    if virtual_stages > 1 and model.layers % (pp * virtual_stages):
+        raise ValueError(
+            f"layers={model.layers} must be divisible by pp * virtual_stages = "
+            f"{pp * virtual_stages} for the interleaved schedule"
+        )
+    per_layer = activation_per_layer(
+        model,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        dtype_bytes=dtype_bytes,
+        mask_bytes=mask_bytes,
+    )
+    factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
+    return model.layers * per_layer * factor

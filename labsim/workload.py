@@ -1,0 +1,336 @@
+"""The transformer workload: exact parameter counts, FLOPs per token and per-layer GEMMs.
+
+A decoder-only transformer is described by one frozen dataclass, ``Transformer``.  Two
+families are covered exactly:
+
+- GPT (GPT-2, GPT-3, Megatron-LM's GPT): learned position embeddings, LayerNorm with weight
+  and bias, biases on every linear layer, a GeLU MLP of width ``ffn_hidden`` (4h), the output
+  layer tied to the word embedding;
+- LLaMA: rotary positions (no parameters), RMSNorm (weight only), no biases, a SwiGLU MLP
+  (three matrices), grouped-query attention (``kv_heads`` < ``heads``), untied output layer.
+
+FLOPs follow the convention of Narayanan et al. 2021 (Megatron-LM, SC21, Appendix) and
+Chowdhery et al. 2022 (PaLM, Appendix B): only matrix multiplications count, a (m x k) @
+(k x n) product costs 2mnk FLOPs, attention scores and the attention-weighted values count
+the full s x s matrix (no causal halving), and the backward pass costs twice the forward
+(one GEMM for the input gradient and one for the weight gradient).  For GPT this gives the
+Megatron model FLOPs per token ``72 l h^2 (1 + s/(6h) + V/(12 l h))``, of which a third is the
+forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+POSITIONS = ("learned", "rotary")
+NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One (batched) matrix multiplication ``(m x k) @ (k x n)``, repeated ``batch`` times.
+
+    ``flops`` is ``2 * batch * m * n * k``; ``nbytes(dtype_bytes)`` the minimum traffic of
+    reading both operands and writing the result once (the roofline's byte count).
+    """
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+    def nbytes(self, dtype_bytes: float = 2) -> float:
+        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n) * dtype_bytes
+
+    def intensity(self, dtype_bytes: float = 2) -> float:
+        """Arithmetic intensity in FLOP per byte of memory traffic."""
+        return self.flops / self.nbytes(dtype_bytes)
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A decoder-only transformer (sizes as in the papers' tables).
+
+    ``layers`` l, ``hidden`` h, ``heads`` a, ``seq_len`` s (training context), ``vocab`` V,
+    ``ffn_hidden`` (default 4h), ``kv_heads`` (grouped-query attention; default ``heads``),
+    ``swiglu`` (three-matrix gated MLP), ``tied_embeddings`` (output layer shares the word
+    embedding), ``positions`` ("learned": an s x h table as in GPT; "rotary": none),
+    ``norm`` ("layernorm": weight + bias; "rmsnorm": weight only), ``bias`` (biases on the
+    linear layers).
+    """
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int | None = None
+    kv_heads: int | None = None
+    swiglu: bool = False
+    tied_embeddings: bool = False
+    positions: str = "learned"
+    norm: str = "layernorm"
+    bias: bool = True
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field_name in ("layers", "hidden", "heads", "seq_len", "vocab"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field_name} must be a positive integer, got {value!r}")
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 1:
+            raise ValueError(f"ffn_hidden must be a positive integer, got {self.ffn_hidden!r}")
+        if not isinstance(self.kv_heads, int) or self.kv_heads < 1:
+            raise ValueError(f"kv_heads must be a positive integer, got {self.kv_heads!r}")
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"hidden={self.hidden} is not a multiple of heads={self.heads}; choose heads "
+                "that divide hidden (head_dim = hidden / heads)"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"kv_heads={self.kv_heads} does not divide heads={self.heads}; grouped-query "
+                "attention needs heads to be a multiple of kv_heads"
+            )
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions={self.positions!r}; use one of {POSITIONS}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r}; use one of {NORMS}")
+
+    # ----------------------------------------------------------------- presets
+    @classmethod
+    def preset(cls, name: str, **overrides: object) -> Transformer:
+        """A published configuration by name (case-insensitive); ``overrides`` replace fields,
+        e.g. ``Transformer.preset("gpt2-124m", seq_len=256)``."""
+        try:
+            model = PRESETS[name.lower()]
+        except KeyError:
+            raise ValueError(
+                f"unknown preset {name!r}; presets: {', '.join(PRESETS)}"
+            ) from None
+        return replace(model, **overrides) if overrides else model
+
+    @staticmethod
+    def presets() -> tuple[str, ...]:
+        """Names accepted by ``Transformer.preset``."""
+        return tuple(PRESETS)
+
+    # ----------------------------------------------------------------- shapes
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_matrices(self) -> int:
+        """2 for a GeLU MLP (up, down), 3 for SwiGLU (gate, up, down)."""
+        return 3 if self.swiglu else 2
+
+    # ----------------------------------------------------------------- parameters
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one normalisation layer (LayerNorm: 2h; RMSNorm: h)."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    @property
+    def attention_params(self) -> int:
+        h, kv = self.hidden, self.kv_dim
+        weights = h * (h + 2 * kv) + h * h  # QKV projection, output projection
+        biases = (h + 2 * kv) + h if self.bias else 0
+        return weights + biases
+
+    @property
+    def mlp_params(self) -> int:
+        h, f = self.hidden, self.ffn_hidden
+        weights = self.mlp_matrices * h * f
+        biases = ((self.mlp_matrices - 1) * f + h) if self.bias else 0
+        return weights + biases
+
+    @property
+    def params_per_layer(self) -> int:
+        """One transformer block: attention + MLP + two norms (GPT: 12h^2 + 13h)."""
+        return self.attention_params + self.mlp_params + 2 * self.norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        """Word embedding plus learned position embedding (if any)."""
+        positional = self.seq_len * self.hidden if self.positions == "learned" else 0
+        return self.vocab * self.hidden + positional
+
+    @property
+    def output_params(self) -> int:
+        """Final norm plus the output (LM head) matrix unless tied to the embedding."""
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.norm_params + head
+
+    @property
+    def params(self) -> int:
+        """Exact number of parameters, embeddings included (tied weights counted once)."""
+        return (
+            self.layers * self.params_per_layer + self.embedding_params + self.output_params
+        )
+
+    @property
+    def non_embedding_params(self) -> int:
+        """Parameters in the transformer blocks and final norm (Kaplan et al.'s N)."""
+        return self.layers * self.params_per_layer + self.norm_params
+
+    # ----------------------------------------------------------------- GEMMs and FLOPs
+    def layer_gemms(
+        self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None
+    ) -> tuple[Gemm, ...]:
+        """The matmuls of one transformer layer's forward pass on one tensor-parallel rank.
+
+        Activations are ``(micro_batch * seq_len) x hidden``.  Megatron's split: QKV and the
+        MLP's first matrices column-parallel (n / tp), the output projection and the MLP's
+        last matrix row-parallel (k / tp), attention heads split over ranks.  The attention
+        core appears as two batched GEMMs over ``micro_batch * heads / tp`` heads: scores
+        ``Q K^T`` (s x d) @ (d x s) and values ``P V`` (s x s) @ (s x d).
+        """
+        b, s = _positive("micro_batch", micro_batch), _positive(
+            "seq_len", self.seq_len if seq_len is None else seq_len
+        )
+        self.check_tp(tp)
+        tokens, h, f, d = b * s, self.hidden, self.ffn_hidden, self.head_dim
+        q_heads = self.heads // tp
+        kv_heads = max(1, self.kv_heads // tp)
+        gemms = [
+            Gemm("qkv", tokens, (q_heads + 2 * kv_heads) * d, h),
+            Gemm("attn_scores", s, s, d, batch=b * q_heads),
+            Gemm("attn_values", s, d, s, batch=b * q_heads),
+            Gemm("attn_out", tokens, h, q_heads * d),
+        ]
+        if self.swiglu:
+            gemms.append(Gemm("mlp_gate_up", tokens, 2 * f // tp, h))
+        else:
+            gemms.append(Gemm("mlp_up", tokens, f // tp, h))
+        gemms.append(Gemm("mlp_down", tokens, h, f // tp))
+        return tuple(gemms)
+
+    def head_gemm(self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None) -> Gemm:
+        """The output layer (logits) on one rank: vocabulary split over ``tp`` ranks."""
+        s = self.seq_len if seq_len is None else seq_len
+        self.check_tp(tp)
+        return Gemm("lm_head", _positive("micro_batch", micro_batch) * s, -(-self.vocab // tp),
+                    self.hidden)
+
+    def attention_core_flops(self, micro_batch: int = 1, tp: int = 1) -> int:
+        """Forward FLOPs of the s x s attention core of one layer on one rank (4 b s^2 h/tp)."""
+        return sum(g.flops for g in self.layer_gemms(micro_batch, tp)
+                   if g.name.startswith("attn_") and g.name != "attn_out")
+
+    def check_tp(self, tp: int) -> None:
+        """Raise ValueError unless ``tp`` splits heads, kv heads and the MLP evenly."""
+        _positive("tp", tp)
+        if self.heads % tp:
+            raise ValueError(f"tp={tp} does not divide heads={self.heads}; pick tp | heads")
+        if self.kv_heads % tp and tp % self.kv_heads:
+            raise ValueError(
+                f"tp={tp} and kv_heads={self.kv_heads}: one must divide the other"
+            )
+        if self.ffn_hidden % tp:
+            raise ValueError(f"tp={tp} does not divide ffn_hidden={self.ffn_hidden}")
+
+    @property
+    def flops_forward_per_token(self) -> float:
+        """Model FLOPs of one token's forward pass at context ``seq_len`` (all layers + head)."""
+        layer = sum(g.flops for g in self.layer_gemms(1, 1)) / self.seq_len
+        head = self.head_gemm(1, 1).flops / self.seq_len
+        return self.layers * layer + head
+
+    @property
+    def flops_backward_per_token(self) -> float:
+        """Backward pass = 2 x forward (input-gradient GEMM + weight-gradient GEMM)."""
+        return 2 * self.flops_forward_per_token
+
+    @property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token without recomputation: forward + backward = 3 x forward.
+        For large models about ``6 * params`` (Kaplan et al. 2020)."""
+        return 3 * self.flops_forward_per_token
+
+    def training_flops(self, tokens: float, recompute: str = "none") -> float:
+        """FLOPs to train on ``tokens`` tokens. ``recompute="full"`` adds one more forward of
+        every layer, not of the output layer (hardware FLOPs: Megatron's 96 l h^2 (1 + s/(6h)
+        + V/(16lh)) instead of 72 l h^2 (1 + s/(6h) + V/(12lh)))."""
+        if recompute not in ("none", "full"):
+            raise ValueError(f"recompute={recompute!r}; use 'none' or 'full'")
+        extra = 0.0
+        if recompute == "full":
+            extra = self.layers * sum(g.flops for g in self.layer_gemms(1, 1)) / self.seq_len
+        return tokens * (self.flops_per_token + extra)
+
+    def megatron_params(self) -> float:
+        """Narayanan et al. 2021 eq. (GPT, tied, learned positions): 12lh^2(1 + 13/(12h) +
+        (V+s)/(12lh)).  Equal to ``params`` minus the final LayerNorm's 2h for GPT configs."""
+        n_layers, h = self.layers, self.hidden
+        return (12 * n_layers * h**2
+                * (1 + 13 / (12 * h) + (self.vocab + self.seq_len) / (12 * n_layers * h)))
+
+    def __repr__(self) -> str:
+        return (
+            f"Transformer({self.name}: {self.params / 1e9:.3g}B params, l={self.layers}, "
+            f"h={self.hidden}, a={self.heads}, kv={self.kv_heads}, s={self.seq_len}, "
+            f"V={self.vocab}, ffn={self.ffn_hidden}{', swiglu' if self.swiglu else ''}"
+            f"{', tied' if self.tied_embeddings else ''})"
+        )
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, seq_len: int, vocab: int) -> Transformer:
+    return Transformer(layers, hidden, heads, seq_len, vocab, tied_embeddings=True, name=name)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int, seq_len: int,
+           kv_heads: int | None = None) -> Transformer:
+    return Transformer(layers, hidden, heads, seq_len, 32000, ffn_hidden=ffn, kv_heads=kv_heads,
+                       swiglu=True, positions="rotary", norm="rmsnorm", bias=False, name=name)
+
+
+_PRESETS = (
+    # GPT-2 small (Radford et al. 2019; HF config n_layer 12, n_embd 768, n_head 12,
+    # n_positions 1024, vocab 50257): 124,439,808 params.
+    _gpt("gpt2-124m", 12, 768, 12, 1024, 50257),
+    _gpt("gpt2-350m", 24, 1024, 16, 1024, 50257),  # GPT-2 medium (HF config)
+    _gpt("gpt2-774m", 36, 1280, 20, 1024, 50257),  # GPT-2 large (HF config)
+    _gpt("gpt2-1.5b", 48, 1600, 25, 1024, 50257),  # GPT-2 XL (HF config)
+    # GPT-3 (Brown et al. 2020, Table 2.1): "175B" is 174.6e9 with this exact count.
+    _gpt("gpt3-175b", 96, 12288, 96, 2048, 50257),
+    # LLaMA (Touvron et al. 2023a, Table 2): same shapes as LLaMA-2 7B, context 2048.
+    _llama("llama-7b", 32, 4096, 32, 11008, 2048),
+    # LLaMA 2 (Touvron et al. 2023b; HF configs): 7B = 6,738,415,616 params.
+    _llama("llama2-7b", 32, 4096, 32, 11008, 4096),
+    _llama("llama2-13b", 40, 5120, 40, 13824, 4096),
+    _llama("llama2-70b", 80, 8192, 64, 28672, 4096, kv_heads=8),
+    # Megatron-LM GPT family (Narayanan et al. 2021, Table 1): V = 51200, s = 2048.
+    _gpt("megatron-1.7b", 24, 2304, 24, 2048, 51200),
+    _gpt("megatron-3.6b", 30, 3072, 32, 2048, 51200),
+    _gpt("megatron-7.5b", 36, 4096, 32, 2048, 51200),
+    _gpt("megatron-18.4b", 40, 6144, 48, 2048, 51200),
+    _gpt("megatron-39.1b", 48, 8192, 64, 2048, 51200),
+    _gpt("megatron-76.1b", 60, 10240, 80, 2048, 51200),
+    _gpt("megatron-145.6b", 80, 12288, 96, 2048, 51200),
+    _gpt("megatron-310.1b", 96, 16384, 128, 2048, 51200),
+    _gpt("megatron-529.6b", 105, 20480, 128, 2048, 51200),
+    _gpt("megatron-1t", 128, 25600, 160, 2048, 51200),
+)
+PRESETS = MappingProxyType({m.name: m for m in _PRESETS})

@@ -1,0 +1,156 @@
+"""Memory: the ZeRO paper's worked example, Korthikanti et al.'s Table 2, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from labsim.memory import (
+    MemoryBreakdown,
+    activation_memory,
+    activation_per_layer,
+    bytes_per_param,
+    stage_params,
+    training_memory,
+)
+from labsim.workload import Transformer
+
+GB = 1e9
+
+
+@pytest.mark.parametrize("stage, expected_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_worked_example(stage: int, expected_gb: float) -> None:
+    # Rajbhandari et al. 2020, Fig. 1: Psi = 7.5B, N_d = 64, K = 12.
+    mem = training_memory(7.5e9, precision="mixed", optimizer="adam", zero_stage=stage, dp=64)
+    assert round(mem.model_states / GB, 1) == expected_gb
+    assert mem.activations == 0 and mem.total == mem.model_states
+
+
+def test_bytes_per_param_table() -> None:
+    assert sum(bytes_per_param("mixed", "adam")) == 16
+    assert sum(bytes_per_param("mixed-fp32-grads", "adam")) == 18
+    assert bytes_per_param("fp32", "adam") == (4, 4, 8)
+    assert bytes_per_param("bf16", "adam") == (2, 2, 4)
+    assert bytes_per_param("fp32", "sgd") == (4, 4, 0)
+    assert bytes_per_param("mixed", "sgd") == (2, 2, 4)  # the fp32 master copy remains
+    assert bytes_per_param("fp32", "sgd-momentum") == (4, 4, 4)
+
+
+def test_seven_b_fp32_adam() -> None:
+    # 7B parameters in fp32 with Adam: 28 GB weights + 28 GB gradients + 56 GB moments.
+    mem = training_memory(7e9, precision="fp32")
+    assert (mem.params, mem.grads, mem.optimizer) == (28 * GB, 28 * GB, 56 * GB)
+    assert mem.model_states == 112 * GB
+
+
+def test_dp_without_zero_replicates() -> None:
+    assert training_memory(1e9, dp=8) == training_memory(1e9, dp=1)
+
+
+def test_stage_params_degenerate_and_tp() -> None:
+    for name in ("gpt2-124m", "llama2-7b", "llama2-70b"):
+        m = Transformer.preset(name)
+        assert stage_params(m) == m.params
+    m = Transformer.preset("gpt3-175b")
+    stages = [stage_params(m, pp=8, stage=i) for i in range(8)]
+    # tied embeddings: the last stage keeps its own copy of the word embedding (Megatron)
+    assert sum(stages) == m.params + m.vocab * m.hidden
+    tp8 = stage_params(m, tp=8)
+    assert m.params / 8 < tp8 < m.params / 8 * 1.01
+
+
+def test_model_with_activations() -> None:
+    m = Transformer.preset("gpt2-124m")
+    mem = training_memory(m, micro_batch=4)
+    assert mem.params == 2 * m.params
+    assert mem.activations == activation_memory(m, micro_batch=4)
+    fp32 = training_memory(m, precision="fp32", micro_batch=4)
+    assert fp32.activations == activation_memory(m, micro_batch=4, dtype_bytes=4)
+
+
+def _table2(m: Transformer, b: int, t: int) -> dict[str, float]:
+    s, h, a = m.seq_len, m.hidden, m.heads
+    sbh = s * b * h
+    return {
+        "none": sbh * (34 + 5 * a * s / h),
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": sbh * (34 / t + 5 * a * s / (h * t)),
+        "tp+selective": sbh * (10 + 24 / t),
+        "tp+sp+selective": sbh * 34 / t,
+        "full": 2 * sbh,
+    }
+
+
+def test_korthikanti_table2() -> None:
+    m = Transformer.preset("gpt3-175b")
+    ref = _table2(m, b=1, t=8)
+    f = activation_per_layer
+    assert f(m, micro_batch=1) == pytest.approx(ref["none"])
+    assert f(m, micro_batch=1, tp=8) == pytest.approx(ref["tp"])
+    assert f(m, micro_batch=1, tp=8, sequence_parallel=True) == pytest.approx(ref["tp+sp"])
+    assert f(m, micro_batch=1, tp=8, recompute="selective") == pytest.approx(ref["tp+selective"])
+    assert f(m, micro_batch=1, tp=8, sequence_parallel=True, recompute="selective") == (
+        pytest.approx(ref["tp+sp+selective"]))
+    assert f(m, micro_batch=1, tp=8, recompute="full") == pytest.approx(ref["full"])
+
+
+def test_korthikanti_gpt3_first_stage() -> None:
+    # Korthikanti et al. 2022, Sec. 5 / Fig. 7: GPT-3 175B with t=8, p=8 (L=96, s=2048, b=1);
+    # TP + SP + selective keeps sbhL*34/t in the first stage.
+    m = Transformer.preset("gpt3-175b")
+    got = activation_memory(m, micro_batch=1, tp=8, pp=8, sequence_parallel=True,
+                            recompute="selective")
+    assert got == pytest.approx(2048 * 12288 * 96 * 34 / 8)
+
+
+def test_interleaving_factor() -> None:
+    m = Transformer.preset("megatron-145.6b")
+    base = activation_memory(m, micro_batch=2, tp=8, pp=8)
+    inter = activation_memory(m, micro_batch=2, tp=8, pp=8, virtual_stages=2)
+    assert inter == pytest.approx(base * (1 + 7 / 16))
+    assert activation_memory(m, micro_batch=2, pp=1, virtual_stages=2) == (
+        activation_memory(m, micro_batch=2))
+
+
+def test_activations_scale_with_batch_and_tp() -> None:
+    m = Transformer.preset("gpt2-124m")
+    assert activation_memory(m, micro_batch=8) == 8 * activation_memory(m, micro_batch=1)
+    assert activation_memory(m, micro_batch=1, tp=4, sequence_parallel=True) == pytest.approx(
+        activation_memory(m, micro_batch=1) / 4)
+
+
+def test_breakdown_repr_and_fits() -> None:
+    mem = MemoryBreakdown(1e9, 2e9, 3e9, 4e9)
+    assert mem.total == 10e9 and mem.model_states == 6e9
+    assert "total=10 GB" in repr(mem)
+    assert mem.fits(80e9) and not mem.fits(9e9)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(zero_stage=4), "stages 0, 1, 2 and 3"),
+        (dict(precision="fp8"), "precision"),
+        (dict(optimizer="lion"), "optimizer"),
+        (dict(dp=0), "dp"),
+        (dict(micro_batch=2), "need a Transformer"),
+    ],
+)
+def test_training_memory_errors(kwargs: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        training_memory(1e9, **kwargs)
+
+
+def test_negative_and_bad_sizes() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        training_memory(-1)
+    with pytest.raises(ValueError, match="parameter count or a Transformer"):
+        training_memory("seven billion")
+    m = Transformer.preset("gpt2-124m")
+    with pytest.raises(ValueError, match="micro_batch"):
+        activation_memory(m, micro_batch=0)
+    with pytest.raises(ValueError, match="recompute"):
+        activation_memory(m, micro_batch=1, recompute="some")
+    with pytest.raises(ValueError, match="pp=5"):
+        activation_memory(m, micro_batch=1, pp=5)
+    with pytest.raises(ValueError, match="micro_batch"):
+        training_memory(m, tp=2)

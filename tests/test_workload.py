@@ -1,0 +1,130 @@
+"""Transformer: exact parameter counts against published configs, FLOPs against Megatron."""
+
+from __future__ import annotations
+
+import pytest
+
+from labsim.workload import PRESETS, Gemm, Transformer
+
+
+def test_gpt2_small_exact() -> None:
+    # Hugging Face GPT2LMHeadModel("gpt2"): 124,439,808 parameters (lm_head tied to wte).
+    m = Transformer.preset("gpt2-124m")
+    assert m.params == 124_439_808
+    assert m.seq_len == 1024 and m.tied_embeddings
+    assert m.embedding_params == 50257 * 768 + 1024 * 768
+
+
+def test_llama2_exact() -> None:
+    # Meta's Llama-2 checkpoints (HF LlamaForCausalLM): exact counts.
+    assert Transformer.preset("llama2-7b").params == 6_738_415_616
+    assert Transformer.preset("llama2-13b").params == 13_015_864_320
+    assert Transformer.preset("llama2-70b").params == 68_976_648_192
+
+
+def test_llama_by_hand() -> None:
+    m = Transformer.preset("llama2-7b")
+    layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert m.params == 32 * layer + 2 * 32000 * 4096 + 4096
+
+
+def test_gqa_shrinks_kv_projection() -> None:
+    full = Transformer(2, 512, 8, 128, 1000, swiglu=True, bias=False)
+    gqa = Transformer(2, 512, 8, 128, 1000, kv_heads=2, swiglu=True, bias=False)
+    # K and V each lose (8 - 2) heads x 64 dims x 512 inputs, per layer.
+    assert full.params - gqa.params == 2 * 2 * 6 * 64 * 512
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n.startswith(("megatron", "gpt"))])
+def test_megatron_formula(name: str) -> None:
+    # Narayanan et al. 2021: P = 12lh^2 (1 + 13/(12h) + (V+s)/(12lh)); it leaves out the
+    # final LayerNorm (2h).
+    m = Transformer.preset(name)
+    assert m.params - 2 * m.hidden == pytest.approx(m.megatron_params(), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name, billions",
+    [("megatron-1.7b", 1.7), ("megatron-7.5b", 7.5), ("megatron-18.4b", 18.4),
+     ("megatron-145.6b", 145.6), ("megatron-529.6b", 529.6), ("megatron-1t", 1008.0)],
+)
+def test_megatron_table1_sizes(name: str, billions: float) -> None:
+    assert round(Transformer.preset(name).params / 1e9, 1) == pytest.approx(billions, abs=0.051)
+
+
+def test_gpt3_near_175b() -> None:
+    assert 174e9 < Transformer.preset("gpt3-175b").params < 176e9
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "megatron-1t", "gpt2-124m"])
+def test_flops_equal_megatron_model_flops(name: str) -> None:
+    # Model FLOPs per token without recomputation: 72 l h^2 (1 + s/(6h) + V/(12lh)).
+    m = Transformer.preset(name)
+    L, h, s, v = m.layers, m.hidden, m.seq_len, m.vocab  # noqa: N806
+    assert m.flops_per_token == pytest.approx(
+        72 * L * h * h * (1 + s / (6 * h) + v / (12 * L * h)))
+    assert m.flops_backward_per_token == 2 * m.flops_forward_per_token
+    # with full recomputation: 96 l h^2 (1 + s/(6h) + V/(16lh)) per token
+    assert m.training_flops(1, recompute="full") == pytest.approx(
+        96 * L * h * h * (1 + s / (6 * h) + v / (16 * L * h)))
+
+
+def test_six_n_rule_for_large_models() -> None:
+    m = Transformer.preset("llama2-70b")
+    assert 6 < m.flops_per_token / m.params < 6.5
+
+
+def test_layer_gemms_sum_and_tp_split() -> None:
+    m = Transformer.preset("gpt3-175b")
+    one = m.layer_gemms(micro_batch=2, tp=1)
+    eight = m.layer_gemms(micro_batch=2, tp=8)
+    # tensor parallelism splits every GEMM's work evenly
+    assert sum(g.flops for g in one) == 8 * sum(g.flops for g in eight)
+    names = [g.name for g in one]
+    assert names == ["qkv", "attn_scores", "attn_values", "attn_out", "mlp_up", "mlp_down"]
+    qkv = eight[0]
+    assert (qkv.m, qkv.n, qkv.k) == (2 * 2048, 3 * 12288 // 8, 12288)
+    assert m.attention_core_flops(2, 1) == 4 * 2 * 2048**2 * 12288
+    total = m.layers * sum(g.flops for g in one) + m.head_gemm(2).flops
+    assert total == pytest.approx(2 * 2048 * m.flops_forward_per_token)
+
+
+def test_swiglu_gqa_gemms() -> None:
+    m = Transformer.preset("llama2-70b")
+    gemms = {g.name: g for g in m.layer_gemms(1, tp=8)}
+    assert gemms["qkv"].n == (64 // 8 + 2 * 1) * 128
+    assert gemms["mlp_gate_up"].n == 2 * 28672 // 8
+    assert gemms["mlp_down"].k == 28672 // 8
+
+
+def test_gemm_counts() -> None:
+    g = Gemm("x", 4, 5, 6, batch=3)
+    assert g.flops == 2 * 3 * 4 * 5 * 6
+    assert g.nbytes(2) == 3 * (24 + 30 + 20) * 2
+    assert g.intensity(2) == g.flops / g.nbytes(2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(layers=0), "layers"),
+        (dict(hidden=100, heads=3), "multiple of heads"),
+        (dict(kv_heads=3), "kv_heads"),
+        (dict(vocab=-5), "vocab"),
+        (dict(positions="alibi"), "positions"),
+        (dict(norm="batchnorm"), "norm"),
+    ],
+)
+def test_validation(kwargs: dict, words: str) -> None:
+    base = dict(layers=2, hidden=64, heads=4, seq_len=16, vocab=100)
+    with pytest.raises(ValueError, match=words):
+        Transformer(**{**base, **kwargs})
+
+
+def test_preset_errors_and_overrides() -> None:
+    with pytest.raises(ValueError, match="gpt2-124m"):
+        Transformer.preset("gpt-5")
+    short = Transformer.preset("GPT2-124M", seq_len=256)
+    assert short.params == 124_439_808 - (1024 - 256) * 768
+    with pytest.raises(ValueError, match="tp=5"):
+        Transformer.preset("gpt2-124m").layer_gemms(1, tp=5)
