@@ -23,6 +23,10 @@ Times are placed on the roofline of a catalog GPU: each kernel takes
 ``max(flops / peak, bytes / bandwidth)``.  Softmax FLOPs are not counted (they are O(N^2), next
 to the O(N^2 d) of the two matmuls).  Traffic between SRAM and L2 is not modelled: the model
 counts what crosses the HBM interface if nothing is cached, as the paper does.
+
+Memory: FlashAttention saves no N x N matrix for the backward pass (it recomputes S and P from
+Q, K, V and the per-row log-sum-exp), which is what ``labsim.memory.activation_per_layer``
+with ``recompute="selective"`` drops from Korthikanti et al.'s ``sbh(34 + 5as/h)``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 from labsim.hardware import GPU, gpu
+from labsim.roofline import Roofline
 
 LOOP_ORDERS = ("kv_outer", "q_outer")
 STATS_BYTES = 4  # the running max, sum and log-sum-exp are kept in fp32 by every kernel
@@ -232,10 +237,9 @@ class AttentionCost:
 
 
 def _kernel(name: str, flops: float, nbytes: float, device: GPU, dtype: str) -> KernelCost:
-    compute_s = flops / device.peak(dtype)
-    memory_s = nbytes / device.memory_bandwidth_Bps
-    bound = "compute" if compute_s >= memory_s else "memory"
-    return KernelCost(name, flops, nbytes, max(compute_s, memory_s), bound)
+    roof = Roofline.of(device, dtype)
+    bound = "compute" if flops / roof.peak_flops >= nbytes / roof.bandwidth_Bps else "memory"
+    return KernelCost(name, flops, nbytes, roof.op_time(flops, nbytes), bound)
 
 
 def attention_cost(
@@ -284,21 +288,3 @@ def attention_cost(
     else:
         raise ValueError(f"method must be 'standard' or 'tiled', got {method!r}")
     return AttentionCost(method, device.name, kernels)
-
-
-def layer_activation_bytes(
-    seq_len: int, batch: int, hidden: int, heads: int, *, flash: bool
-) -> float:
-    """Activation bytes one transformer layer saves for backward, 16-bit training.
-
-    Korthikanti et al. 2022 (Table 2, no parallelism): s*b*h*(34 + 5*a*s/h).  The 5*a*s^2*b
-    term is the attention matrix (softmax output 2, dropout mask 1, dropout output 2 bytes per
-    entry).  FlashAttention recomputes it in the backward pass and saves instead the fp32
-    log-sum-exp of each query row per head (4*a*s*b bytes).
-    """
-    for name, value in (("seq_len", seq_len), ("batch", batch), ("hidden", hidden),
-                        ("heads", heads)):
-        _positive_int(name, value)
-    s, b, h, a = seq_len, batch, hidden, heads
-    base = 34.0 * s * b * h
-    return base + (STATS_BYTES * a * s * b if flash else 5.0 * a * s * s * b)

@@ -9,7 +9,7 @@ import torch
 
 from labsim.checks._core import Case, close, raises, run_check
 from labsim.lab.fusion import bias_gelu_dropout_residual, chain_inputs
-from labsim.lab.profile import result_sizes
+from labsim.lab.profile import torch_calls
 from labsim.opmodel import fit_launch_model
 
 
@@ -52,9 +52,9 @@ def fused_chain(fn: Callable[..., torch.Tensor]) -> None:
                           _fused_compare(inp.numel if watch else None)))
 
     def measured(*args: Any, **kwargs: Any) -> tuple[Any, int]:
-        out, numels = result_sizes(fn, *args, **kwargs)
+        calls = torch_calls(fn, *args, **kwargs)
         full = args[0].numel()
-        return out, sum(1 for n in numels if n >= full)
+        return calls.result, sum(1 for n in calls.numels if n >= full)
 
     run_check("fused_chain", measured, cases)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from labsim.lab.profile import quiet_profiler
+
 # ATen operator that SDPA dispatches to -> backend name (PyTorch 2.2 and newer).
 SDPA_OPS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU kernel)",
@@ -45,7 +47,7 @@ def sdpa_backend(
 ) -> SdpaChoice:
     """Run SDPA once on ``q, k, v`` under the profiler and report the kernel it chose."""
     activities = [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
+    with quiet_profiler(), profile(activities=activities) as prof:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     for event in prof.events():
         if event.name in SDPA_OPS:

@@ -18,9 +18,12 @@ profiler's record of every allocation and free (``profile_memory=True``), replay
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,28 @@ _DTYPE_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
     "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2,
 }
+
+
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Silence the native profiler's "USDT ... profiler_start/stop" lines on file descriptor 2.
+
+    Some torch builds print them from C++ on every profiling session; Python-level output
+    (exceptions, warnings, ``sys.stderr`` in a notebook) is not affected.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -125,7 +150,7 @@ def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
     cuda = torch.cuda.is_available()
     if cuda:
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities, record_shapes=True) as prof:
+    with quiet_profiler(), profile(activities=activities, record_shapes=True) as prof:
         fn(*args, **kwargs)
         if cuda:
             torch.cuda.synchronize()
@@ -150,14 +175,16 @@ def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
     return OpCounts(tuple(ops), len(kernel_names), tuple(kernel_names), regions)
 
 
-class _ResultSizes(torch.overrides.TorchFunctionMode):
-    """Records the element count of every tensor a torch function or method returns."""
+class _TorchCallLog(torch.overrides.TorchFunctionMode):
+    """Records each torch function or method called and the size of every tensor it returns."""
 
     def __init__(self) -> None:
         super().__init__()
         self.numels: list[int] = []
+        self.names: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.names.append(getattr(func, "__name__", str(func)))
         result = func(*args, **(kwargs or {}))
         stack = [result]
         while stack:
@@ -169,17 +196,31 @@ class _ResultSizes(torch.overrides.TorchFunctionMode):
         return result
 
 
-def result_sizes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[int]]:
-    """Call ``fn`` and return ``(its result, element counts of every tensor torch returned)``.
+@dataclass(frozen=True)
+class TorchCalls:
+    """What one call did at the torch level: its result, the element count of every tensor a
+    torch function returned (views included), and the names of the functions called."""
 
-    Views count too (a slice of a big tensor is as big as the slice).  Used by checks to see
-    whether a function ever built a tensor as large as the N x N attention matrix or as a
-    full-size intermediate, without depending on the allocator.
+    result: Any
+    numels: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @property
+    def largest(self) -> int:
+        return max(self.numels, default=0)
+
+
+def torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TorchCalls:
+    """Call ``fn`` under a ``TorchFunctionMode`` that logs every torch call it makes.
+
+    Used by checks to see whether a function ever built a tensor as large as the N x N
+    attention matrix or a full-size intermediate (independently of the allocator), and
+    whether it called a function an exercise must not use.
     """
-    mode = _ResultSizes()
-    with mode:
+    log = _TorchCallLog()
+    with log:
         result = fn(*args, **kwargs)
-    return result, mode.numels
+    return TorchCalls(result, tuple(log.numels), tuple(log.names))
 
 
 def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -199,7 +240,7 @@ def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         peak = torch.cuda.max_memory_allocated() - start
         del result
         return int(peak)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn(*args, **kwargs)
     del result
     events = sorted(
