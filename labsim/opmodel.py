@@ -14,6 +14,9 @@ queues launches asynchronously (``async_launch=True``): the host issues kernel k
 the chain ends at ``max_k [(k+1) * launch_s + sum_{j>=k} execution_j]`` (the longest path through
 the two queues).  In a long stream each kernel costs about ``max(launch_s, execution)``: the GPU
 idles, "launch-bound", when kernels are shorter than the launch cost.
+
+The simulated face of this model is ``labsim.sim.launch.simulate_chain`` (a host process and a
+device process in simpy); the tests check that both give the same times.
 """
 
 from __future__ import annotations

@@ -226,12 +226,12 @@ def torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TorchCalls
 def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     """Peak bytes allocated during ``fn(*args, **kwargs)`` beyond what was held before it.
 
-    The result counts too while it is alive.  CUDA: ``torch.cuda.max_memory_allocated``; CPU:
-    the running sum of the profiler's allocation (+) and free (-) events.
+    The result counts too while it is alive.  CUDA (when a GPU is present and a tensor argument
+    is on it, or there are no tensor arguments): ``torch.cuda.max_memory_allocated``; CPU: the
+    running sum of the profiler's allocation (+) and free (-) events.
     """
-    if torch.cuda.is_available() and any(
-        isinstance(a, torch.Tensor) and a.is_cuda for a in args
-    ):
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if torch.cuda.is_available() and (not tensors or any(t.is_cuda for t in tensors)):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
