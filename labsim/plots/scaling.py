@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+from labsim.plots._figure import new_figure
 
 
 def scaling(
@@ -27,7 +28,8 @@ def scaling(
 ) -> Figure:
     """Log-log lines of ``series`` against ``x`` with guide slopes ``guides`` (O(x^k)).
 
-    Non-positive or NaN values (a size that was not measured) are left out of a line.
+    Non-positive or NaN values (a size that was not measured) are left out of a line.  In
+    Jupyter the returned figure displays itself when it is the value of a cell.
     """
     if not series:
         raise ValueError("give at least one series")
@@ -36,7 +38,8 @@ def scaling(
         if len(ys) != len(xs):
             raise ValueError(f"series {label!r} has {len(ys)} values for {len(xs)} sizes")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig = new_figure((7.0, 4.5))
+        ax = fig.add_subplot()
     else:
         fig = ax.figure
     anchor = None
