@@ -159,7 +159,8 @@ def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
     regions = 0
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernel_names.append(event.name)
+            if not event.name.startswith(("Memcpy", "Memset")):  # copies are not kernels
+                kernel_names.append(event.name)
             continue
         if event.name.startswith("Torch-Compiled Region"):
             regions += 1
