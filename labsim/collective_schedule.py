@@ -16,8 +16,8 @@ sizes that do not divide evenly are exact.  Algorithms follow Thakur, Rabenseifn
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -90,15 +90,47 @@ class Pattern:
         return len(self.src)
 
 
-@dataclass(frozen=True)
 class Step:
     """Transfers ``pattern.src[i] -> pattern.dst[i]`` of ``nbytes[i]`` bytes, started
-    together.  ``phase`` names the part of the algorithm ("reduce-scatter", "inter-node")."""
+    together.  ``phase`` names the part of the algorithm ("reduce-scatter", "inter-node").
 
-    pattern: Pattern
-    nbytes: np.ndarray
-    label: str
-    phase: str
+    ``nbytes`` may be given as a zero-argument function that builds the array: a ring step of
+    4096 ranks knows its largest and total transfer without building 32 768 sizes, and the
+    simulator builds them only when links are shared unevenly or a full trace is asked for.
+    """
+
+    __slots__ = ("pattern", "label", "phase", "max_bytes", "min_bytes", "total_bytes",
+                 "_nbytes")
+
+    def __init__(self, pattern: Pattern, nbytes: np.ndarray | Callable[[], np.ndarray],
+                 label: str, phase: str, max_bytes: float | None = None,
+                 total_bytes: float | None = None, min_bytes: float | None = None) -> None:
+        self.pattern = pattern
+        self.label = label
+        self.phase = phase
+        self._nbytes = nbytes
+        if max_bytes is None or total_bytes is None or min_bytes is None:
+            arr = self.nbytes
+            max_bytes, total_bytes = float(arr.max()), float(arr.sum())
+            min_bytes = float(arr.min())
+        self.max_bytes = float(max_bytes)
+        self.min_bytes = float(min_bytes)
+        self.total_bytes = float(total_bytes)
+
+    @property
+    def nbytes(self) -> np.ndarray:
+        """Bytes of each transfer (float array, built on first use)."""
+        if callable(self._nbytes):
+            self._nbytes = self._nbytes()
+        if self._nbytes.dtype != np.float64:
+            self._nbytes = self._nbytes.astype(np.float64)
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"Step({self.label!r}, {len(self)} transfers, {self.total_bytes:g} B)"
 
 
 def _ring_channels(cluster: Cluster | None, ranks: Sequence[int]) -> list[list[int]]:
@@ -127,23 +159,35 @@ def _ring_channels(cluster: Cluster | None, ranks: Sequence[int]) -> list[list[i
     return rings
 
 
+def _window(ext: np.ndarray, lo: int, p: int) -> np.ndarray:
+    return ext[:, lo:lo + p].ravel()
+
+
+def _concat(steps: Sequence[Step]) -> np.ndarray:
+    return np.concatenate([g.nbytes for g in steps])
+
+
 def _ring_steps(op: str, nbytes: int, rings: list[list[int]], phase: str = "",
                 ) -> Iterator[Step]:
     p = len(rings[0])
     src = np.concatenate([np.asarray(r) for r in rings])
     dst = np.concatenate([np.roll(np.asarray(r), -1) for r in rings])
     pattern = Pattern(src, dst, ("ring", len(rings), p))
-    sizes = [split_sizes(part, p) for part in split_sizes(nbytes, len(rings))]
-    pos = np.arange(p)
+    sizes = np.stack([split_sizes(part, p) for part in split_sizes(nbytes, len(rings))])
+    # position i sends chunk (i - t + shift) % p: a window of the doubled size table
+    ext = np.concatenate([sizes, sizes], axis=1).astype(float)
+    biggest, smallest = float(sizes.max()), float(sizes.min())
     phases = {"allreduce": [("reduce-scatter", 0), ("all-gather", 1)],
               "reduce_scatter": [("reduce-scatter", 0)], "allgather": [("all-gather", 1)]}[op]
     total = (p - 1) * len(phases)
     s = 0
     for name, shift in phases:
         for t in range(p - 1):
-            chunk = (pos - t + shift) % p
-            yield Step(pattern, np.concatenate([sz[chunk] for sz in sizes]),
-                       f"{phase}{name} step {s + 1}/{total}", phase or name)
+            lo = (shift - t) % p
+            # every step moves each chunk of each ring once: max and total are constant
+            yield Step(pattern, partial(_window, ext, lo, p),
+                       f"{phase}{name} step {s + 1}/{total}", phase or name, biggest, nbytes,
+                       smallest)
             s += 1
 
 
@@ -257,8 +301,9 @@ def _hierarchical_steps(nbytes: int, ranks: list[int], cluster: Cluster) -> Iter
         dst = np.concatenate([np.roll(np.asarray(r), -1) for r in rings])
         pattern = Pattern(src, dst, ("rings", k, len(nodes)))
         for group in zip(*steps):
-            yield Step(pattern, np.concatenate([g.nbytes for g in group]), group[0].label,
-                       "inter-node")
+            yield Step(pattern, partial(_concat, group), group[0].label, "inter-node",
+                       max(g.max_bytes for g in group), sum(g.total_bytes for g in group),
+                       min(g.min_bytes for g in group))
     if k > 1:
         yield from _ring_steps("allgather", nbytes, [by_node[n] for n in nodes],
                                "intra-node ")

@@ -56,6 +56,7 @@ from labsim.collective_schedule import (
 from labsim.hardware import Link, link
 
 __all__ = ["ALGORITHMS", "OPS", "algbw", "busbw", "busbw_factor", "collective_lower_bound",
+           "crossover_bytes",
            "collective_time", "collective_time_on", "steps_time"]
 
 
@@ -155,26 +156,43 @@ class PatternRates:
     def __init__(self, cluster: Cluster, achieved: bool) -> None:
         self.cluster = cluster
         self.capacity = cluster.pipe_capacities(achieved)
-        self._cache: dict[int, tuple[Pattern, np.ndarray, float, np.ndarray]] = {}
+        self._cache: dict[int, tuple[Pattern, np.ndarray, float, np.ndarray, float]] = {}
 
-    def get(self, pattern: Pattern) -> tuple[np.ndarray, float, np.ndarray]:
-        """(pipes (m, 2), alpha of the step, rates alone)."""
+    def _entry(self, pattern: Pattern) -> tuple[Pattern, np.ndarray, float, np.ndarray, float]:
         hit = self._cache.get(id(pattern))
         if hit is None or hit[0] is not pattern:
             paths = self.cluster.paths(pattern.src, pattern.dst)
             alpha = float(self.cluster.latencies(pattern.src, pattern.dst).max())
-            hit = (pattern, paths, alpha, maxmin_rates(paths, self.capacity))
+            rates = maxmin_rates(paths, self.capacity)
+            uniform = float(rates[0]) if len(rates) and rates.min() == rates.max() else 0.0
+            hit = (pattern, paths, alpha, rates, uniform)
             self._cache[id(pattern)] = hit
+        return hit
+
+    def get(self, pattern: Pattern) -> tuple[np.ndarray, float, np.ndarray]:
+        """(pipes (m, 2), alpha of the step, rates alone)."""
+        hit = self._entry(pattern)
         return hit[1], hit[2], hit[3]
+
+    def uniform_rate(self, pattern: Pattern) -> float:
+        """The common rate when every transfer of ``pattern`` alone gets the same, else 0."""
+        return self._entry(pattern)[4]
+
+
+def step_time(step: Step, rates: PatternRates) -> float:
+    """One step alone on the network: its largest alpha plus its slowest transfer."""
+    _, alpha, rate = rates.get(step.pattern)
+    uniform = rates.uniform_rate(step.pattern)
+    if uniform > 0:
+        return alpha + step.max_bytes / uniform
+    if step.min_bytes == step.max_bytes:  # equal transfers: the slowest rate decides
+        return alpha + step.max_bytes / float(rate.min())
+    return alpha + float(np.max(step.nbytes / rate))
 
 
 def steps_time(steps: Iterable[Step], rates: PatternRates) -> float:
     """Sum over steps of (the step's largest alpha + its slowest transfer at fair rates)."""
-    total = 0.0
-    for step in steps:
-        _, alpha, rate = rates.get(step.pattern)
-        total += alpha + float(np.max(step.nbytes / rate))
-    return total
+    return sum(step_time(step, rates) for step in steps)
 
 
 def collective_time_on(cluster: Cluster, op: str, nbytes: float,
@@ -194,3 +212,28 @@ def collective_time_on(cluster: Cluster, op: str, nbytes: float,
 
 
 assert set(OPS) == set(ALGORITHMS)
+
+
+def crossover_bytes(op: str, n: int, link: Link | str, small: str = "tree",
+                    large: str = "ring", *, achieved: bool = True,
+                    max_bytes: float = 2**40) -> float:
+    """The smallest size at which ``large`` is at least as fast as ``small`` (whole bytes,
+    by bisection on the closed forms); inf if ``small`` wins up to ``max_bytes``.
+
+    For all-reduce over p ranks, binomial tree vs ring: the tree's 2 lg p latencies beat the
+    ring's 2(p-1) for small S, its 2 lg p S beta loses to the ring's 2(p-1)/p S beta for large S.
+    """
+    def large_wins(s: int) -> bool:
+        return collective_time(op, s, n, link, large, achieved=achieved) <= \
+            collective_time(op, s, n, link, small, achieved=achieved)
+
+    hi = int(max_bytes)
+    if not large_wins(hi):
+        return math.inf
+    lo = 1
+    if large_wins(lo):
+        return 1.0
+    while hi - lo > 1:  # large loses at lo, wins at hi
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
+    return float(hi)

@@ -9,8 +9,10 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, str] = {
+    "collective": "simulate one collective: time, algbw, busbw, trace",
     "hardware": "list the hardware catalog",
     "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
+    "simulate": "simulate one training step from a TOML/JSON config; print a summary",
 }
 
 

@@ -4,6 +4,10 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 ``ax=`` to draw into an existing axes.
 """
 
+from labsim.plots.collectives import busbw_curves
+from labsim.plots.gantt import gantt
+from labsim.plots.links import link_utilisation
+from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.scaling import scaling
 
-__all__ = ["scaling"]
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "pipeline_gantt", "scaling"]

@@ -1,8 +1,19 @@
-"""The simulation layer (simpy).
+"""The simulation layer (simpy): every simulation owns its own ``simpy.Environment``.
 
-Every simulation owns its own ``simpy.Environment``; nothing here keeps module-level state.
+``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
+``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
+buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
+communication, recompute and memory; ``launch``: kernel launches from a host to a device. Nothing here keeps module-level state.
 """
 
+from labsim.sim.collectives import (
+    CollectiveResult,
+    run_collective,
+    simulate_collective,
+    start_collective,
+)
 from labsim.sim.launch import LaunchRun, simulate_chain
+from labsim.sim.network import Network
 
-__all__ = ["LaunchRun", "simulate_chain"]
+__all__ = ["CollectiveResult", "LaunchRun", "Network", "run_collective", "simulate_chain",
+           "simulate_collective", "start_collective"]

@@ -1,0 +1,259 @@
+"""Compute cost of a transformer layer on one GPU: GEMMs, attention, memory-bound kernels.
+
+The closed-form face of the step simulator's compute (``labsim.sim.step`` executes these
+times).  Every time is one kernel class on one GPU of a tensor-parallel group, for one
+micro-batch of ``b`` sequences of ``s`` tokens:
+
+* **GEMMs** (QKV, attention projection, the two or three MLP matrices, the logits) take
+  ``max(FLOPs / (peak * eff(FLOPs)), bytes / (HBM * mem_eff))``: a roofline whose compute roof
+  is the dense peak times an efficiency that grows with the GEMM's size (small GEMMs leave SMs
+  idle in the last wave and cannot hide their loads), as in Calculon's system files (Isaev et
+  al. 2023, ``systems/a100_80g.json``: efficiency vs GEMM GFLOP).  Backward runs two GEMMs of
+  the same size per forward GEMM (data gradient and weight gradient).
+* **Attention core** (``softmax(QK^T) V``): with ``attention="flash"`` one fused kernel at a
+  published fraction of peak (causal: half the score blocks are skipped); with ``"standard"``
+  two batched GEMMs plus memory-bound softmax and dropout over the ``s x s`` scores, as
+  Megatron-LM ran in 2021 (fused scale-mask-softmax kernel).
+* **Memory-bound kernels** (layer norms, bias + dropout + residual, GeLU/SwiGLU, softmax,
+  cross-entropy, the optimizer) take bytes moved / (HBM bandwidth * efficiency).
+
+One set of constants per GPU type (``EFFICIENCY``), never per run; each carries its source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from labsim.hardware import GPU
+from labsim.workload import Transformer
+
+# Shape of the GEMM efficiency curve: fraction of the plateau reached by a GEMM of at least
+# this many GFLOP (linear in log10 GFLOP in between).  Points from Calculon's A100/H100 system
+# files (Isaev et al. 2023, github.com/calculon-ai/calculon systems/a100_80g.json: 128 GFLOP ->
+# 0.95, 16 -> 0.90, 1 -> 0.60), divided by their 0.95 plateau so that the plateau itself comes
+# from a measurement (``gemm_plateau``).
+GEMM_SHAPE: tuple[tuple[float, float], ...] = ((128.0, 1.0), (16.0, 0.947), (1.0, 0.632),
+                                               (0.01, 0.105))
+# Achieved fraction of HBM bandwidth by transfer size in MB (Calculon, same files, "mem1").
+MEMORY_SHAPE: tuple[tuple[float, float], ...] = ((100.0, 0.90), (10.0, 0.75), (1.0, 0.60),
+                                                 (0.01, 0.30))
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achievable fractions of a GPU's datasheet peaks (one set per GPU type).
+
+    gemm_plateau: best large-GEMM throughput / dense peak (bf16/fp16), measured in isolation.
+    flash_forward, flash_backward: FlashAttention kernel throughput / dense peak.
+    sustained: fraction of those isolated-kernel rates that a GPU sustains inside a training
+        step (gaps between kernels, launch and synchronisation latency, clocks under the
+        power draw of compute + HBM + NVLink + NICs together, allocator and framework work).
+        No datasheet gives it: it is the one constant fitted to end-to-end measurements.
+    source: where each number comes from.
+    """
+
+    gemm_plateau: float
+    flash_forward: float
+    flash_backward: float
+    sustained: float
+    source: str
+
+    def gemm(self, flops: float) -> float:
+        """Fraction of dense peak a GEMM of ``flops`` FLOP achieves."""
+        return self.gemm_plateau * _curve(GEMM_SHAPE, flops / 1e9)
+
+
+_MAMF = ("maximum achievable matmul FLOPS measured by brute-force shape search, S. Bekman, "
+         "ml-engineering, compute/accelerator/README.md (CUDA 12.1)")
+SUSTAINED_A100 = 0.80  # fitted: Narayanan et al. 2021, Table 1 (tests/test_step.py)
+# H100 vs A100 on identical software: MosaicML llm-foundry (scripts/train/benchmarking/
+# README.md) ran seven MPT configurations (1B-30B, 8 GPUs, FSDP) on both; measured H100/A100
+# tokens/s ratios are 2.12-2.34, the model with equal sustained fractions gives 2.71-2.87:
+# H100 sustains 0.80 (0.76-0.83) of A100's fraction (tests/test_step.py prints the pairs).
+SUSTAINED_H100 = SUSTAINED_A100 * 0.80
+_A100 = Efficiency(
+    0.859, 0.70, 0.55, SUSTAINED_A100,
+    f"GEMM plateau 267.9 / 312 TFLOP/s, {_MAMF}; FlashAttention-2 on A100, head dim 128: "
+    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6); sustained fraction fitted "
+    "once to the ten runs of Narayanan et al. 2021, Table 1 (1.7B-1T GPT on 32-3072 A100)",
+)
+_H100 = Efficiency(
+    0.801, 0.65, 0.45, SUSTAINED_H100,
+    f"GEMM plateau 792.1 / 989 TFLOP/s, {_MAMF}; FlashAttention-3 on H100 SXM, head dim "
+    "128, seq 2k: forward ~650, backward ~450 TFLOP/s (Shah et al. 2024, Fig. 5-6); "
+    "sustained fraction = A100's x 0.80, the H100/A100 speed ratio measured on identical "
+    "software (MosaicML llm-foundry benchmarks, 7 paired runs) over the modelled one",
+)
+_GENERIC = Efficiency(
+    0.80, 0.55, 0.45, SUSTAINED_A100,
+    "no published measurement for this GPU: H100-like kernel fractions and the A100 "
+    "sustained fraction assumed",
+)
+EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
+    "a100-40gb": _A100,
+    "a100-80gb": _A100,
+    "h100-sxm": _H100,
+    "h100-pcie": _H100,
+    "h200": _H100,
+})
+
+
+def efficiency(gpu: GPU) -> Efficiency:
+    """The efficiency constants of ``gpu`` (a generic set when none is published)."""
+    return EFFICIENCY.get(gpu.name.lower(), _GENERIC)
+
+
+def _curve(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise linear in log10(x) through ``points`` (descending x), clamped at both ends."""
+    if x >= points[0][0]:
+        return points[0][1]
+    for (x_hi, y_hi), (x_lo, y_lo) in zip(points, points[1:]):
+        if x >= x_lo:
+            w = (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo))
+            return y_lo + w * (y_hi - y_lo)
+    return points[-1][1]
+
+
+def memory_time(nbytes: float, gpu: GPU) -> float:
+    """Seconds for a memory-bound kernel moving ``nbytes`` through HBM."""
+    if nbytes <= 0:
+        return 0.0
+    eff = _curve(MEMORY_SHAPE, nbytes / 1e6) * efficiency(gpu).sustained
+    return nbytes / (gpu.memory_bandwidth_Bps * eff)
+
+
+def gemm_time(m: int, n: int, k: int, gpu: GPU, dtype: str = "bf16", batch: int = 1,
+              bytes_per_element: int = 2) -> float:
+    """Seconds for ``batch`` GEMMs (m x k) @ (k x n) on ``gpu``: compute roof at the size-
+    dependent efficiency, or memory roof (read A and B, write C), whichever is slower."""
+    flops = 2.0 * m * n * k * batch
+    nbytes = bytes_per_element * (m * k + k * n + m * n) * batch
+    eff = efficiency(gpu)
+    compute = flops / (gpu.peak(dtype) * eff.gemm(flops) * eff.sustained)
+    return max(compute, memory_time(nbytes, gpu))
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Time and FLOPs of one pass (forward, backward or recompute) of one unit on one GPU."""
+
+    time_s: float = 0.0
+    flops: float = 0.0
+
+    def __add__(self, other: PassCost) -> PassCost:
+        return PassCost(self.time_s + other.time_s, self.flops + other.flops)
+
+    def scaled(self, k: float) -> PassCost:
+        return PassCost(self.time_s * k, self.flops * k)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One transformer layer, one micro-batch, one GPU of the TP group.
+
+    forward, backward, recompute: compute only (TP communication is added by the engine);
+    recompute is what backward re-executes first (zero without recomputation).
+    model_flops: forward + backward FLOPs of the model (MFU numerator, no recomputation).
+    tp_bytes: payload of one TP all-reduce (or reduce-scatter + all-gather) of the layer
+        output, per GPU; a layer runs ``tp_collectives`` of them in forward and as many in
+        backward.
+    """
+
+    forward: PassCost
+    backward: PassCost
+    recompute: PassCost
+    model_flops: float
+    tp_bytes: float
+    tp_collectives: int = 2
+
+
+def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
+               sequence_parallel: bool = False, recompute: str = "none",
+               attention: str = "flash", dtype: str = "bf16") -> LayerCost:
+    """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
+    GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
+    Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019)."""
+    h, s = model.hidden, model.seq_len
+    e = 4 if dtype == "fp32" else 2
+    tokens = micro_batch * s
+    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
+    fwd = PassCost()
+    bwd = PassCost()
+    for name, g in gemms.items():
+        if name in ("attn_scores", "attn_values"):
+            continue
+        m, n, k = g.m, g.n, g.k
+        t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e)
+        fwd += PassCost(t, g.flops)
+        # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
+        t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
+            k, n, m, gpu, gemm_dtype, bytes_per_element=e)
+        bwd += PassCost(t_b, 2.0 * g.flops)
+
+    # Attention core: scores Q K^T and values P V, 2 * 2 * b * s^2 * d FLOP per head.
+    qk, pv = gemms["attn_scores"], gemms["attn_values"]
+    attn_flops = float(qk.flops + pv.flops)
+    if attention == "flash":
+        eff = efficiency(gpu)
+        peak = gpu.peak(gemm_dtype) * eff.sustained
+        # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
+        core_f = PassCost(0.5 * attn_flops / (peak * eff.flash_forward), attn_flops)
+        core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * eff.flash_backward),
+                          2.0 * attn_flops)  # FA2 backward: 5 GEMMs vs 2 forward
+    else:
+        scores = qk.batch * s * s  # elements of the score matrices on this GPU
+        t_qk = gemm_time(qk.m, qk.n, qk.k, gpu, gemm_dtype, batch=qk.batch, bytes_per_element=e)
+        t_pv = gemm_time(pv.m, pv.n, pv.k, gpu, gemm_dtype, batch=pv.batch, bytes_per_element=e)
+        # fused scale-mask-softmax: read + write e B per score; dropout: read, write, 1 B mask
+        soft_f = memory_time(scores * (2 * e + 2 * e + 1), gpu)
+        # backward: dropout (gradient in and out, mask), softmax (probs, gradient in and out)
+        soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu)
+        core_f = PassCost(t_qk + t_pv + soft_f, attn_flops)
+        core_b = PassCost(2 * (t_qk + t_pv) + soft_b, 2.0 * attn_flops)
+    fwd += core_f
+    bwd += core_b
+
+    # Memory-bound element-wise kernels (bytes per element of the b*s*h activations): two
+    # norms (read + write), two fused bias-dropout-residual-adds (two reads, one write, a
+    # 1-byte mask); the MLP activation on b*s*f/tp (GeLU: read + write; SwiGLU: two reads,
+    # one write).  Without sequence parallelism every TP rank repeats the b*s*h ones.
+    per_h = 2 * (2 * e) + 2 * (3 * e + 1)
+    shard = tp if sequence_parallel else 1
+    f_shard = model.ffn_hidden // tp
+    elem_bytes = tokens * h * per_h / shard + tokens * f_shard * (3 if model.swiglu else 2) * e
+    fwd += PassCost(memory_time(elem_bytes, gpu), 0.0)
+    bwd += PassCost(memory_time(2 * elem_bytes, gpu), 0.0)  # gradients in and out, inputs
+
+    if recompute == "full":
+        rec = fwd
+    elif recompute == "selective" and attention == "standard":
+        rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
+    else:  # FlashAttention already recomputes its scores inside the backward kernel
+        rec = PassCost()
+    return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
+
+
+def logits_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
+                dtype: str = "bf16") -> tuple[PassCost, PassCost]:
+    """Forward and backward of the output layer (logits GEMM, vocabulary split over TP) and
+    the cross-entropy (fp32 softmax over the vocabulary shard), on the last stage."""
+    e = 4 if dtype == "fp32" else 2
+    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    g = model.head_gemm(micro_batch, tp)
+    t_f = gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e)
+    t_b = gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
+        g.k, g.n, g.m, gpu, gemm_dtype, bytes_per_element=e)
+    ce = memory_time(g.m * g.n * (e + 4), gpu)  # read logits, write fp32 probabilities
+    return PassCost(t_f + ce, float(g.flops)), PassCost(t_b + ce, 2.0 * g.flops)
+
+
+def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam") -> float:
+    """One optimizer step over ``params`` local parameters: memory-bound.  Adam with fp32
+    master weights reads gradient (4 B), master, m, v (12 B) and writes master, m, v and the
+    16-bit copy (14 B): 30 B/param; SGD with momentum 18 B; plain SGD 14 B."""
+    per_param = {"adam": 30, "sgd-momentum": 18, "sgd": 14}[optimizer]
+    return memory_time(params * per_param, gpu)

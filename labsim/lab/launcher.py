@@ -1,0 +1,204 @@
+"""Run a function on N worker processes with a process group, from a notebook, safely.
+
+``launch(fn, nprocs)`` starts ``nprocs`` fresh Python processes (``python -m
+labsim.lab.worker``), each joins a ``torch.distributed`` process group (gloo on CPUs, NCCL
+when there is one CUDA GPU per worker) over a free local port, and calls
+``fn(rank, world_size, *args, **kwargs)``.  It returns every rank's return value, or raises:
+
+* ``WorkerError`` when a worker raised: the message carries that worker's traceback (the
+  other workers are stopped, since they would wait for it forever);
+* ``LaunchTimeout`` after ``timeout_s``: every worker is killed (its whole process group),
+  so a deadlocked exercise never hangs the notebook.
+
+``fn`` may live in an importable module (shipped by reference) or be defined in a notebook
+cell: such functions cannot be pickled by reference under spawn, so the function, its
+arguments and the notebook globals it uses are shipped by value with cloudpickle.
+
+The same workers run under torchrun on a real node, with no launcher involved::
+
+    torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.lab.collectives:ring_allreduce_demo
+
+Each launch costs seconds (every worker imports torch): batch a lab's real runs into few
+launches.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["LaunchResult", "LaunchTimeout", "WorkerError", "free_port", "launch"]
+
+
+class WorkerError(RuntimeError):
+    """A worker raised; ``rank`` is the first that did, ``remote_traceback`` its traceback."""
+
+    def __init__(self, rank: int, remote_traceback: str, exc_type: str) -> None:
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        self.exc_type = exc_type
+        super().__init__(f"worker rank {rank} raised {exc_type}; its traceback:\n\n"
+                         f"{remote_traceback}")
+
+
+class LaunchTimeout(TimeoutError):
+    """Workers were still running after the timeout and have been killed."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """Return values (``values[rank]``) and captured output of one launch."""
+
+    values: tuple[Any, ...]
+    stdout: tuple[str, ...]
+    backend: str
+    wall_s: float
+
+    def __getitem__(self, rank: int) -> Any:
+        return self.values[rank]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.values)
+
+    def __repr__(self) -> str:
+        return (f"LaunchResult({len(self.values)} ranks over {self.backend}, "
+                f"{self.wall_s:.1f} s wall)")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _default_backend(nprocs: int) -> str:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= nprocs:
+        return "nccl"
+    return "gloo"
+
+
+def _kill(procs: Sequence[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _tail(path: Path, limit: int = 3000) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-limit:]
+
+
+def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any] = (),
+           kwargs: Mapping[str, Any] | None = None, backend: str | None = None,
+           timeout_s: float = 60.0, env: Mapping[str, str] | None = None,
+           threads_per_worker: int = 1) -> LaunchResult:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``nprocs`` processes; see module doc.
+
+    ``fn`` may also be ``"package.module:function"``.  ``backend``: "gloo" (default on CPU)
+    or "nccl" (default when each worker can have its own CUDA GPU).  ``threads_per_worker``
+    sets torch's intra-op threads in each worker (1 keeps N workers from fighting over a
+    few cores).  Return values must be picklable (tensors are fine).
+    """
+    if not isinstance(nprocs, int) or nprocs < 1:
+        raise ValueError(f"nprocs must be a whole number >= 1, got {nprocs!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    backend = backend or _default_backend(nprocs)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if not (callable(fn) or (isinstance(fn, str) and ":" in fn)):
+        raise ValueError("fn must be a function or a 'module:function' string")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="labsim-launch-") as tmp:
+        tmpdir = Path(tmp)
+        payload = tmpdir / "payload.pkl"
+        payload.write_bytes(cloudpickle.dumps(
+            {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "backend": backend,
+             "timeout_s": timeout_s, "threads": threads_per_worker}))
+        port = free_port()
+        base = dict(os.environ)
+        base.update(env or {})
+        base["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] +
+                                             [base.get("PYTHONPATH", "")])
+        base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                     "WORLD_SIZE": str(nprocs), "LABSIM_PARENT_PID": str(os.getpid())})
+        procs: list[subprocess.Popen] = []
+        logs = [tmpdir / f"rank{r}.log" for r in range(nprocs)]
+        results = [tmpdir / f"rank{r}.result" for r in range(nprocs)]
+        try:
+            for r in range(nprocs):
+                wenv = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+                with open(logs[r], "wb") as log:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "labsim.lab.worker", "--payload", str(payload),
+                         "--result", str(results[r])],
+                        env=wenv, stdout=log, stderr=subprocess.STDOUT,
+                        start_new_session=True))
+            _wait(procs, results, logs, start, timeout_s)
+        finally:
+            _kill(procs)
+        outcomes = [pickle.loads(p.read_bytes()) for p in results]
+        return LaunchResult(tuple(o["value"] for o in outcomes),
+                            tuple(_tail(lg, 100_000) for lg in logs), backend,
+                            time.perf_counter() - start)
+
+
+def _first_error(results: Sequence[Path]) -> tuple[int, dict] | None:
+    for rank, path in enumerate(results):
+        if path.exists():
+            outcome = pickle.loads(path.read_bytes())
+            if not outcome["ok"]:
+                return rank, outcome
+    return None
+
+
+def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
+          start: float, timeout_s: float) -> None:
+    """Block until every worker is done; raise on a worker's error, a crash or the timeout."""
+    while True:
+        codes = [p.poll() for p in procs]
+        error = _first_error(results)
+        if error is not None:
+            rank, outcome = error
+            raise WorkerError(rank, outcome["traceback"], outcome["exc_type"])
+        for rank, code in enumerate(codes):
+            if code is not None and not results[rank].exists():
+                raise WorkerError(rank, f"(no Python traceback: the process exited with code "
+                                        f"{code})\n--- its output ---\n{_tail(logs[rank])}",
+                                  "process exit")
+        if all(c is not None for c in codes):
+            return
+        if time.perf_counter() - start > timeout_s:
+            done = [r for r, c in enumerate(codes) if c is not None]
+            raise LaunchTimeout(
+                f"workers still running after {timeout_s:g} s were killed (finished ranks: "
+                f"{done or 'none'}). A rank waiting for a message nobody sends (a send "
+                f"without its recv, a rank skipping a collective) hangs like this.\n"
+                f"--- rank 0 output ---\n{_tail(logs[0], 1500)}")
+        time.sleep(0.02)

@@ -1,0 +1,49 @@
+"""Bus bandwidth against message size for several algorithms or clusters (closed forms).
+
+The curve every NCCL user knows: small messages are latency-bound (busbw grows with size),
+large ones approach the link's bandwidth; the tree wins on the left, the ring on the right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from labsim.cluster import Cluster
+from labsim.collectives import busbw, collective_time_on
+
+
+def busbw_curves(clusters: Cluster | Sequence[Cluster], op: str = "allreduce",
+                 algorithms: Sequence[str] = ("ring", "tree"),
+                 sizes: Sequence[float] | None = None, *, achieved: bool = True,
+                 ax: Axes | None = None) -> Figure:
+    """busbw (GB/s) vs size (bytes, log axis), one line per (cluster, algorithm).
+    Algorithms that do not apply (power of two needed) are skipped."""
+    clusters = [clusters] if isinstance(clusters, Cluster) else list(clusters)
+    # powers of two (1 KiB .. 8 GiB): divisible by power-of-two rank counts, like nccl-tests
+    sizes = 2.0 ** np.arange(10, 34) if sizes is None else np.asarray(sizes)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+    else:
+        fig = ax.figure
+    for c in clusters:
+        for algo in algorithms:
+            try:
+                bw = [busbw(op, s, c.world_size, collective_time_on(c, op, s, None, algo,
+                                                                   achieved=achieved)) / 1e9
+                      for s in sizes]
+            except ValueError:
+                continue
+            ax.plot(sizes, bw, marker=".", label=f"{c.name}, {algo}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"{op}: bus bandwidth vs message size", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

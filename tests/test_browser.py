@@ -1,0 +1,236 @@
+"""The labs in JupyterLab in a real browser, as a learner uses them.
+
+Starts JupyterLab on localhost (token set, no browser), drives Debian's Chromium with
+Playwright, runs every cell with Shift+Enter, saves through the UI and asserts: the
+solution has no error output and its check cells show their PASS line; the released lab's
+check cells fail; the lab's widget renders and reacts to a slider move; and that this test
+notices a broken widget. Screenshots go to ``artifacts/browser/``. JupyterLab is stopped by
+process group at the end, also on failure.
+
+Needs Chromium (``/usr/bin/chromium``; ``python3 tasks.py test`` installs it where it can)
+and the ``playwright`` package; without them the tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .conftest import ROOT
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+LAB = "01_memory"  # a lab with a widget: the memory explorer
+ARTIFACTS = ROOT / "artifacts" / "browser"
+RUN_TIMEOUT_MS = 240_000
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+IDLE = f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+if not Path(CHROMIUM).exists():
+    pytest.skip("Chromium not found: apt-get install chromium", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """(base URL with token, served folder). The folder holds copies of the notebooks."""
+    root = tmp_path_factory.mktemp("jupyterlab")
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+           f"--port={port}", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--ServerApp.open_browser=False"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(root / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, JUPYTER_PLATFORM_DIRS="1"))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((root / "jupyterlab.log").read_text()[-2000:]) from None
+                time.sleep(0.5)
+        yield f"{base}|{token}", root
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"])
+        yield chromium
+        chromium.close()
+
+
+def open_and_run_all(browser, server, relpath: str):
+    """Open a notebook in JupyterLab, run every cell with Shift+Enter, wait, save; return the
+    page and the saved notebook."""
+    base, token = server[0].split("|")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    workspace = Path(relpath).stem  # a fresh workspace: only this notebook is open
+    page.goto(f"{base}/lab/workspaces/{workspace}/tree/{relpath}?reset&token={token}")
+    page.wait_for_selector(f"{PANEL} .jp-Cell", timeout=120_000)
+    page.wait_for_selector(IDLE, timeout=120_000)
+    # Run every cell as a learner does: select the first, then Shift+Enter through them all.
+    cells = page.locator(f"{PANEL} .jp-Cell")
+    page.click(f"{PANEL} .jp-Cell >> nth=0 >> .jp-InputPrompt")
+    page.keyboard.press("Escape")
+    for _ in range(cells.count()):
+        page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "() => { const p = Array.from(document.querySelectorAll("
+        f"'{PANEL} .jp-InputPrompt'));"
+        " return p.length > 0 && !p.some(e => e.textContent.includes('*'))"
+        " && p.some(e => /\\[\\d+\\]/.test(e.textContent)); }",
+        timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector(IDLE, timeout=RUN_TIMEOUT_MS)
+    path = server[1] / relpath
+    before = path.stat().st_mtime_ns
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + 30
+    while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return page, json.loads(path.read_text())
+
+
+def widget_snapshot(page) -> str:
+    """What the first slider's widget shows, except the slider itself (images and text)."""
+    return page.evaluate(
+        """() => {
+          const slider = document.querySelector('.jp-OutputArea .widget-slider');
+          if (!slider) return null;
+          const area = slider.closest('.jp-OutputArea');
+          const copy = area.cloneNode(true);
+          copy.querySelectorAll('.widget-slider').forEach(e => e.remove());
+          const imgs = Array.from(copy.querySelectorAll('img')).map(i => i.src.slice(-400));
+          return imgs.join('|') + '#' + copy.innerText;
+        }""")
+
+
+def widget_reacts(page) -> bool:
+    """Move the first slider two steps with the keyboard; True if what it drives changed."""
+    before = widget_snapshot(page)
+    if before is None:
+        return False
+    handle = page.locator(".jp-OutputArea .widget-slider .noUi-handle").first
+    handle.focus()
+    for _ in range(2):
+        page.keyboard.press("ArrowRight")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(500)
+        if widget_snapshot(page) != before:
+            return True
+    return False
+
+
+def _copy(server, folder: str, name: str) -> str:
+    src = ROOT / folder / f"{name}.ipynb"
+    if not src.exists():
+        pytest.skip(f"{src} does not exist yet")
+    (server[1] / folder).mkdir(exist_ok=True)
+    shutil.copy(src, server[1] / folder / src.name)
+    return f"{folder}/{src.name}"
+
+
+def _errors(nb: dict) -> list[str]:
+    return [f"{o.get('ename')}: {o.get('evalue')}" for c in nb["cells"]
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+def _check_texts(nb: dict) -> list[str]:
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"
+             and "".join(c["source"]).lstrip().startswith("# NBVAL_CHECK_OUTPUT")]
+    return ["".join("".join(o.get("text", "")) for o in c.get("outputs", [])) for c in cells]
+
+
+def test_solution_runs_clean_and_its_widget_reacts(browser, server) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, nb = open_and_run_all(browser, server, _copy(server, "solutions", LAB))
+    try:
+        assert _errors(nb) == []
+        checks = _check_texts(nb)
+        assert checks and all(t.startswith("PASS ") for t in checks), checks
+        shown = page.inner_text(".jp-Notebook")
+        assert all(t.strip() in shown for t in checks)
+        assert widget_reacts(page), "the widget did not change when its slider moved"
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"{LAB}-solution.png"), full_page=True)
+        page.close()
+
+
+def test_released_lab_shows_failing_checks(browser, server) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page, nb = open_and_run_all(browser, server, _copy(server, "labs", LAB))
+    try:
+        checks = [c for c in nb["cells"] if c["cell_type"] == "code"
+                  and "".join(c["source"]).lstrip().startswith("# NBVAL_CHECK_OUTPUT")]
+        assert checks
+        for cell in checks:
+            names = [o.get("ename") for o in cell["outputs"] if o["output_type"] == "error"]
+            assert names == ["CheckFailed"], names
+        assert "not implemented yet" in page.inner_text(".jp-Notebook")
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"{LAB}-lab.png"), full_page=True)
+        page.close()
+
+
+BROKEN_WIDGET = """\
+import ipywidgets as w
+slider = w.IntSlider(value=3, min=0, max=10, description="n")
+label = w.Label(value="n squared = 9")
+def update(change):  # broken: raises instead of updating the label
+    raise RuntimeError("broken widget")
+slider.observe(update, "value")
+w.VBox([slider, label])
+"""
+
+
+def test_a_broken_widget_is_noticed(browser, server) -> None:
+    working = BROKEN_WIDGET.replace('raise RuntimeError("broken widget")',
+                                    'label.value = f"n squared = {change.new ** 2}"')
+    for name, source, expected in (("broken", BROKEN_WIDGET, False), ("working", working, True)):
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        nb.cells = [nbformat.v4.new_code_cell(source)]
+        nbformat.write(nb, server[1] / f"{name}.ipynb")
+        page, _ = open_and_run_all(browser, server, f"{name}.ipynb")
+        try:
+            assert widget_reacts(page) is expected, name
+        finally:
+            page.close()

@@ -1,0 +1,90 @@
+"""The launcher: results back, a worker's traceback shown, hung workers killed, torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from labsim.lab.launcher import LaunchTimeout, WorkerError, free_port, launch
+
+from .conftest import ROOT
+
+NOTEBOOK_CELL = '''
+import torch
+import torch.distributed as dist
+
+SCALE = 10.0  # a notebook global the function uses
+
+def total(rank, world, offset, *, extra=0.0):
+    t = torch.tensor([rank * SCALE])
+    dist.all_reduce(t)
+    return float(t) + offset + extra + world
+'''
+
+
+def notebook_function():
+    """A function defined as in a notebook cell: its module cannot be imported by workers."""
+    namespace: dict = {"__name__": "__main_notebook__"}
+    exec(compile(NOTEBOOK_CELL, "<notebook cell>", "exec"), namespace)
+    return namespace["total"]
+
+
+def test_a_notebook_function_runs_by_value_and_returns_every_rank():
+    result = launch(notebook_function(), 2, args=(0.5,), kwargs={"extra": 1.0})
+    assert list(result) == [10.0 * 1 + 0.5 + 1.0 + 2] * 2
+    assert result.backend == "gloo" and len(result) == 2
+
+
+def test_a_worker_that_raises_shows_its_traceback():
+    code = NOTEBOOK_CELL + '''
+def broken(rank, world):
+    if rank == 1:
+        raise ValueError("rank one is broken")
+    dist.barrier()   # rank 0 would wait here forever
+'''
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(code, "<notebook cell>", "exec"), ns)
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerError) as info:
+        launch(ns["broken"], 2, timeout_s=60)
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert "rank one is broken" in str(info.value) and "Traceback" in str(info.value)
+    assert time.perf_counter() - t0 < 50  # not the timeout: the other rank was stopped
+
+
+def test_a_hung_worker_is_killed_after_the_timeout():
+    code = NOTEBOOK_CELL + '''
+def hangs(rank, world):
+    if rank == 0:
+        t = torch.zeros(1)
+        dist.recv(t, 1)   # rank 1 never sends
+    return os.getpid()
+import os
+'''
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(code, "<notebook cell>", "exec"), ns)
+    with pytest.raises(LaunchTimeout, match="killed"):
+        launch(ns["hangs"], 2, timeout_s=6)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="nprocs"):
+        launch(print, 0)
+    with pytest.raises(ValueError, match="backend"):
+        launch(print, 1, backend="mpi")
+    assert 0 < free_port() < 65536
+
+
+def test_the_same_worker_runs_under_torchrun():
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={port}", "-m", "labsim.lab.worker", "labsim.lab.collectives:demo"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count(": 0.0") == 2

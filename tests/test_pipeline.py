@@ -1,0 +1,143 @@
+"""Pipeline schedules as data: op counts, phase structure, in-flight micro-batches,
+dependency order, closed forms; and the simulated face (``simulate_pipeline``) against them."""
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labsim.parallel.pipeline import (
+    Op,
+    bubble_fraction,
+    gpipe,
+    interleaved_one_f_one_b,
+    make_schedule,
+    max_in_flight,
+    one_f_one_b,
+    pipeline_time,
+)
+from labsim.sim.pipeline import simulate_pipeline
+
+CASES = [("gpipe", p, m, 1) for p, m in [(1, 1), (2, 3), (4, 8), (4, 2)]] + [
+    ("1f1b", p, m, 1) for p, m in [(1, 4), (2, 1), (4, 4), (4, 9), (8, 3)]] + [
+    ("interleaved", p, m, v) for p, m, v in [(2, 2, 2), (2, 4, 3), (4, 8, 2), (4, 4, 4)]]
+
+
+@pytest.mark.parametrize("name, p, m, v", CASES)
+def test_every_stage_runs_each_forward_and_backward_once(name, p, m, v):
+    schedule = make_schedule(name, p, m, v)
+    assert len(schedule) == p
+    expected = sorted(Op(k, i, c) for k in "FB" for i in range(m) for c in range(v))
+    for ops in schedule:
+        assert sorted(ops) == expected
+        for i, c in itertools.product(range(m), range(v)):  # forward before its backward
+            assert ops.index(Op("F", i, c)) < ops.index(Op("B", i, c))
+
+
+def _list_schedule(schedule, p, v):
+    """Dependency-respecting execution without simpy: fails (deadlock) if the order is not
+    executable; returns per stage the order in which ops completed."""
+    done, pos, n = set(), [0] * p, p * v
+    while any(pos[s] < len(schedule[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            if pos[s] == len(schedule[s]):
+                continue
+            op = schedule[s][pos[s]]
+            g = op.model_chunk(s, p)
+            need = ("F", op.microbatch, g - 1) if op.kind == "F" else ("B", op.microbatch, g + 1)
+            if (op.kind == "F" and g == 0) or (op.kind == "B" and g == n - 1) or need in done:
+                done.add((op.kind, op.microbatch, g))
+                pos[s] += 1
+                progressed = True
+        assert progressed, f"deadlock at {pos}"
+
+
+@pytest.mark.parametrize("name, p, m, v", CASES)
+def test_schedules_are_executable(name, p, m, v):
+    _list_schedule(make_schedule(name, p, m, v), p, v)
+
+
+def test_one_f_one_b_phases():
+    schedule = one_f_one_b(4, 6)
+    # stage 0: warm-up of p - 1 = 3 forwards, then alternate, then drain
+    assert [repr(op) for op in schedule[0]] == (
+        "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5".split())
+    # last stage: no warm-up, strictly one forward then one backward
+    assert [repr(op) for op in schedule[3]] == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5".split()
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 8), (1, 5)])
+def test_in_flight_micro_batches(p, m):
+    assert max_in_flight(one_f_one_b(p, m)[0]) == min(p, m)
+    assert max_in_flight(gpipe(p, m)[0]) == m
+    assert [max_in_flight(ops) for ops in one_f_one_b(p, m)] == [
+        min(p - s, m) for s in range(p)]
+
+
+@pytest.mark.parametrize("p, v", [(2, 2), (4, 2), (4, 3), (8, 2)])
+def test_interleaved_in_flight_matches_korthikanti_factor(p, v):
+    # stage 0 holds L (1 + (p - 1)/(p v)) layers' worth = (p v + p - 1) chunks of L/(p v)
+    ops = interleaved_one_f_one_b(p, 2 * p, v)[0]
+    assert max_in_flight(ops) == p * v + p - 1
+
+
+def test_interleaved_needs_m_multiple_of_p():
+    with pytest.raises(ValueError, match="multiple of p"):
+        interleaved_one_f_one_b(4, 6, 2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_schedule("zero-bubble", 2, 2)
+
+
+@pytest.mark.parametrize("name, p, m, v", CASES)
+def test_simulated_pipeline_equals_closed_form(name, p, m, v):
+    t_f, t_b = 1.0, 2.0
+    r = simulate_pipeline(p, m, t_f, t_b, schedule=name, v=v)
+    assert r.step_time_s == pytest.approx(pipeline_time(p, m, t_f, t_b, v), rel=1e-12)
+    assert r.bubble_fraction == pytest.approx(bubble_fraction(p, m, v), rel=1e-12)
+    assert r.in_flight[0] == max_in_flight(make_schedule(name, p, m, v)[0])
+
+
+def test_uniform_gpipe_and_1f1b_take_m_plus_p_minus_1_slots():
+    for name in ("gpipe", "1f1b"):
+        r = simulate_pipeline(4, 8, 0.5, 1.0, schedule=name)
+        assert r.step_time_s == pytest.approx((8 + 4 - 1) * 1.5)
+        assert r.bubble_fraction == pytest.approx(3 / 11)
+
+
+def test_interleaving_divides_the_bubble_by_v():
+    p, m = 4, 8
+    plain = simulate_pipeline(p, m, 1.0, 2.0)
+    for v in (2, 4):
+        inter = simulate_pipeline(p, m, 1.0, 2.0, schedule="interleaved", v=v)
+        bubble_plain = plain.step_time_s - m * 3.0
+        assert inter.step_time_s - m * 3.0 == pytest.approx(bubble_plain / v)
+
+
+def test_p2p_latency_lengthens_the_step_and_trace_has_sends():
+    free = simulate_pipeline(4, 4, 1.0, 2.0)
+    slow = simulate_pipeline(4, 4, 1.0, 2.0, p2p_s=0.1)
+    assert slow.step_time_s > free.step_time_s
+    # 3 boundaries x 4 micro-batches x (activation forward + gradient backward)
+    assert len(slow.trace.filter(kind="send")) == 3 * 4 * 2
+    assert simulate_pipeline(1, 4, 1.0, 2.0).bubble_fraction == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), t_f=st.floats(0.1, 5.0),
+       ratio=st.floats(0.5, 3.0), name=st.sampled_from(["gpipe", "1f1b"]))
+def test_property_simulation_equals_closed_form(p, m, t_f, ratio, name):
+    t_b = ratio * t_f
+    r = simulate_pipeline(p, m, t_f, t_b, schedule=name)
+    assert r.step_time_s == pytest.approx(pipeline_time(p, m, t_f, t_b), rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(2, 5), k=st.integers(1, 3), v=st.integers(2, 3))
+def test_property_interleaved_closed_form_and_more_microbatches_less_bubble(p, k, v):
+    m = k * p
+    r = simulate_pipeline(p, m, 1.0, 2.0, schedule="interleaved", v=v)
+    assert r.step_time_s == pytest.approx(pipeline_time(p, m, 1.0, 2.0, v), rel=1e-9)
+    more = simulate_pipeline(p, m + p, 1.0, 2.0, schedule="interleaved", v=v)
+    assert more.bubble_fraction < r.bubble_fraction

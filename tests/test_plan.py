@@ -1,0 +1,52 @@
+"""Plan: defaults, derived counts, and every invalid plan raising a ValueError that names the
+fix."""
+
+import pytest
+
+from labsim.plan import Plan
+from labsim.workload import Transformer
+
+
+def test_defaults_and_derived_counts():
+    plan = Plan(dp=4, tp=2, pp=2, micro_batch=2, global_batch=64)
+    assert plan.gpus == 16
+    assert plan.microbatches == 64 // (4 * 2)
+    assert Plan(dp=3, micro_batch=2).global_batch == 6  # one micro-batch per replica
+    assert Plan().bytes_per_element == 2 and Plan(precision="fp32").bytes_per_element == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(dp=4, micro_batch=2, global_batch=12), "multiple of 8"),
+        (dict(pp=1, schedule="interleaved", virtual_stages=2), "set pp > 1"),
+        (dict(pp=2, schedule="interleaved", virtual_stages=1), "virtual_stages >= 2"),
+        (dict(pp=2, virtual_stages=2), "schedule='interleaved'"),
+        (dict(pp=4, schedule="interleaved", virtual_stages=2, global_batch=6), "multiple of pp"),
+        (dict(schedule="zb"), "choose one of"),
+        (dict(zero_stage=4), "0, 1, 2 or 3"),
+        (dict(zero_stage=2, pp=2), "zero_stage <= 1"),
+        (dict(recompute="some"), "choose one of"),
+        (dict(sequence_parallel=True), "tp > 1"),
+        (dict(tp=0), "positive integer"),
+        (dict(bucket_bytes=0), "> 0"),
+    ],
+)
+def test_invalid_plans_name_the_fix(kwargs, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        Plan(**kwargs)
+
+
+def test_validate_for_model_and_gpus():
+    model = Transformer(layers=12, hidden=768, heads=12, seq_len=128, vocab=1000)
+    Plan(dp=2, tp=4, pp=3).validate_for(model, 24)
+    with pytest.raises(ValueError, match="does not divide heads=12"):
+        Plan(tp=8).validate_for(model)
+    with pytest.raises(ValueError, match="layers=12 is not divisible by pp"):
+        Plan(pp=8).validate_for(model)
+    with pytest.raises(ValueError, match="layers=12 is not divisible"):
+        Plan(pp=2, schedule="interleaved", virtual_stages=4, global_batch=2).validate_for(model)
+    with pytest.raises(ValueError, match="change dp to 4"):
+        Plan(dp=3, tp=2, pp=1).validate_for(model, 8)
+    with pytest.raises(ValueError, match="change tp or pp"):
+        Plan(dp=1, tp=3, pp=1).validate_for(model, 8)
