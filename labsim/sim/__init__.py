@@ -3,7 +3,8 @@
 ``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
 ``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
 buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
-communication, recompute and memory; ``launch``: kernel launches from a host to a device. Nothing here keeps module-level state.
+communication, recompute and memory; ``launch``: kernel launches from a host to a device.
+Nothing here keeps module-level state.
 """
 
 from labsim.sim.collectives import (
