@@ -31,6 +31,7 @@ from labsim.opmodel import chain_bytes, chain_time
 from labsim.plan import Plan
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import CollectiveResult, simulate_collective
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
 from labsim.sim.step import StepResult, simulate_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer

@@ -7,7 +7,11 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 from labsim.plots.collectives import busbw_curves
 from labsim.plots.gantt import gantt
 from labsim.plots.links import link_utilisation
+from labsim.plots.memory import memory_bars
 from labsim.plots.pipeline import pipeline_gantt
+from labsim.plots.roofline import roofline
 from labsim.plots.scaling import scaling
+from labsim.plots.utilisation import sweep_figure, utilisation_timeline
 
-__all__ = ["busbw_curves", "gantt", "link_utilisation", "pipeline_gantt", "scaling"]
+__all__ = ["busbw_curves", "gantt", "link_utilisation", "memory_bars", "pipeline_gantt",
+           "roofline", "scaling", "sweep_figure", "utilisation_timeline"]

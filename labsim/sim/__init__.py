@@ -13,8 +13,9 @@ from labsim.sim.collectives import (
     simulate_collective,
     start_collective,
 )
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
 from labsim.sim.launch import LaunchRun, simulate_chain
 from labsim.sim.network import Network
 
-__all__ = ["CollectiveResult", "LaunchRun", "Network", "run_collective", "simulate_chain",
-           "simulate_collective", "start_collective"]
+__all__ = ["CollectiveResult", "LaunchRun", "LoaderResult", "Network", "run_collective",
+           "simulate_chain", "simulate_collective", "simulate_dataloader", "start_collective"]

@@ -1,6 +1,13 @@
 """ipywidgets explorers (the presentation layer): one module per explorer, each over a pure
-function that also draws a static figure (ipywidgets is imported here only)."""
+function that also draws a static figure (ipywidgets is imported here only).
+
+The memory explorer also shows a PNG of its figure to front ends that cannot run widgets
+(GitHub, nbviewer).
+"""
 
 from labsim.widgets.collectives import collectives_figure, explore_collectives
+from labsim.widgets.dataloader import dataloader_figure, explore_dataloader
+from labsim.widgets.memory import memory_explorer, memory_figure
 
-__all__ = ["collectives_figure", "explore_collectives"]
+__all__ = ["collectives_figure", "dataloader_figure", "explore_collectives",
+           "explore_dataloader", "memory_explorer", "memory_figure"]
