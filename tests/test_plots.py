@@ -16,6 +16,8 @@ def test_gantt_has_one_row_per_rank_stream_and_caps_rows():
     assert len(fig.axes[0].get_yticklabels()) == 8
     fig = gantt(r.trace, max_rows=3)
     assert "5 more rows" in fig.axes[0].get_title()
+    legend = gantt(r.trace, color_by="phase").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["reduce-scatter", "all-gather"]
 
 
 def test_link_utilisation_and_busbw_curves_draw():

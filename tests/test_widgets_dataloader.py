@@ -15,5 +15,8 @@ def test_figure_matches_the_simulation():
 def test_widget_builds_with_its_defaults():
     pytest.importorskip("ipywidgets")
     widget = explore_dataloader(num_workers=3, load_ms=20)
-    values = {c.description: c.value for c in widget.children if hasattr(c, "value")}
-    assert values["workers"] == 3 and values["load ms"] == 20
+    assert widget.values["num_workers"] == 3 and widget.values["load_ms"] == 20
+    first = widget.png
+    assert first and widget._repr_mimebundle_()["image/png"] == first  # static fallback
+    widget.controls["num_workers"].value = 1
+    assert widget.png != first

@@ -19,6 +19,5 @@ def test_explorer_redraws_and_carries_png() -> None:
     bundle = box._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle and bundle["image/png"]
     first = box.png
-    dropdown = box.children[0].children[0]
-    dropdown.value = "gpt3-175b"
+    box.controls["model"].value = "gpt3-175b"
     assert box.png != first

@@ -3,8 +3,9 @@
 ``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
 ``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
 buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
-communication, recompute and memory; ``launch``: kernel launches from a host to a device.
-Nothing here keeps module-level state.
+communication, recompute and memory; ``decode``: an inference decode step, HBM streaming
+layers while the SMs compute; ``launch``: kernel launches from a host to a device. Nothing here
+keeps module-level state.
 """
 
 from labsim.sim.collectives import (
@@ -14,8 +15,9 @@ from labsim.sim.collectives import (
     start_collective,
 )
 from labsim.sim.dataloader import LoaderResult, simulate_dataloader
+from labsim.sim.decode import DecodeResult, simulate_decode_step
 from labsim.sim.launch import LaunchRun, simulate_chain
 from labsim.sim.network import Network
 
-__all__ = ["CollectiveResult", "LaunchRun", "LoaderResult", "Network", "run_collective",
-           "simulate_chain", "simulate_collective", "simulate_dataloader", "start_collective"]
+__all__ = sorted(name for name in dir() if not name.startswith("_")
+                 and callable(globals()[name]))

@@ -32,30 +32,24 @@ def dataloader_figure(num_workers: int = 2, prefetch_factor: int = 2, load_ms: f
 def explore_dataloader(**defaults: Any) -> Any:
     """Sliders over ``dataloader_figure`` (``defaults`` sets their starting values)."""
     import ipywidgets as w
-    from IPython.display import display
+
+    from labsim.widgets._explorer import Explorer
 
     start = dict(num_workers=2, prefetch_factor=2, load_ms=30.0, step_ms=10.0, jitter=0.0,
                  steps=60)
     start.update(defaults)
-
-    def show(num_workers: int, prefetch_factor: int, load_ms: float, step_ms: float,
-             jitter: float, steps: int) -> None:
-        _, fig = dataloader_figure(num_workers, prefetch_factor, load_ms, step_ms, jitter,
-                                   steps)
-        display(fig)
-
-    return w.interactive(
-        show,
-        num_workers=w.IntSlider(value=start["num_workers"], min=0, max=16,
-                                description="workers"),
-        prefetch_factor=w.IntSlider(value=start["prefetch_factor"], min=1, max=8,
-                                    description="prefetch"),
-        load_ms=w.FloatSlider(value=start["load_ms"], min=1, max=200, step=1,
-                              description="load ms"),
-        step_ms=w.FloatSlider(value=start["step_ms"], min=1, max=100, step=1,
-                              description="step ms"),
-        jitter=w.FloatSlider(value=start["jitter"], min=0, max=2, step=0.1,
-                             description="jitter (cv)"),
-        steps=w.IntSlider(value=start["steps"], min=10, max=300, step=10,
-                          description="steps"),
-    )
+    controls = {
+        "num_workers": w.IntSlider(value=start["num_workers"], min=0, max=16,
+                                   description="workers"),
+        "prefetch_factor": w.IntSlider(value=start["prefetch_factor"], min=1, max=8,
+                                       description="prefetch"),
+        "load_ms": w.FloatSlider(value=start["load_ms"], min=1, max=200, step=1,
+                                 description="load ms"),
+        "step_ms": w.FloatSlider(value=start["step_ms"], min=1, max=100, step=1,
+                                 description="step ms"),
+        "jitter": w.FloatSlider(value=start["jitter"], min=0, max=2, step=0.1,
+                                description="jitter (cv)"),
+        "steps": w.IntSlider(value=start["steps"], min=10, max=300, step=10,
+                             description="steps"),
+    }
+    return Explorer(lambda **values: dataloader_figure(**values)[1], controls, rows=(3,))

@@ -6,17 +6,15 @@ widgets); ``memory_explorer`` puts controls around it and redraws on every chang
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import ipywidgets as w
-from IPython.display import clear_output, display
 from matplotlib.figure import Figure
 
 from labsim.hardware import GPUS, gpu
 from labsim.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, zero_stages
 from labsim.plots.memory import memory_bars
+from labsim.widgets._explorer import Explorer
 from labsim.workload import PRESETS, Transformer
 
 
@@ -51,25 +49,7 @@ def memory_figure(
     )
 
 
-def _png(fig: Figure) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-class _Explorer(w.VBox):
-    """A VBox whose display bundle also carries a PNG of the current figure."""
-
-    png: str = ""
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if isinstance(bundle, tuple):
-            bundle = bundle[0]
-        return {**(bundle or {}), "image/png": self.png}
-
-
-def memory_explorer(**initial: Any) -> w.VBox:
+def memory_explorer(**initial: Any) -> Explorer:
     """Controls over ``memory_figure``; ``initial`` sets starting values (same names)."""
     values = {
         "model": "llama2-7b", "precision": "mixed", "optimizer": "adam", "dp": 8,
@@ -90,19 +70,4 @@ def memory_explorer(**initial: Any) -> w.VBox:
         "device": w.Dropdown(options=[g.name for g in GPUS.values()], value=values["device"],
                              description="GPU"),
     }
-    out = w.Output()
-    box = _Explorer([w.HBox(list(controls.values())[:4]), w.HBox(list(controls.values())[4:]),
-                     out])
-    box.layout.flex_flow = "column"
-
-    def redraw(_: Any = None) -> None:
-        fig = memory_figure(**{k: c.value for k, c in controls.items()})
-        box.png = _png(fig)
-        with out:
-            clear_output(wait=True)
-            display(fig)
-
-    for c in controls.values():
-        c.observe(redraw, names="value")
-    redraw()
-    return box
+    return Explorer(memory_figure, controls, rows=(4,))
