@@ -14,10 +14,5 @@ from labsim.plots.roofline import roofline
 from labsim.plots.scaling import scaling
 from labsim.plots.utilisation import sweep_figure, utilisation_timeline
 
-<<<<<<< HEAD
-__all__ = ["busbw_curves", "gantt", "link_utilisation", "memory_bars", "pipeline_gantt",
-           "roofline", "scaling", "sweep_figure", "utilisation_timeline"]
-=======
 __all__ = sorted(name for name in dir() if not name.startswith("_")
                  and callable(globals()[name]))
->>>>>>> main
