@@ -13,6 +13,7 @@ from labsim.plots.pipeline import pipeline_gantt
 from labsim.plots.quantization import int8_decode
 from labsim.plots.recompute import recompute_tradeoff
 from labsim.plots.roofline import roofline
+from labsim.plots.scaling import scaling
 from labsim.plots.utilisation import sweep_figure, utilisation_timeline
 
 __all__ = sorted(name for name in dir() if not name.startswith("_")

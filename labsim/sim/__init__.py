@@ -4,7 +4,8 @@
 ``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
 buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
 communication, recompute and memory; ``decode``: an inference decode step, HBM streaming
-layers while the SMs compute. Nothing here keeps module-level state.
+layers while the SMs compute; ``launch``: kernel launches from a host to a device. Nothing here
+keeps module-level state.
 """
 
 from labsim.sim.collectives import (
@@ -15,6 +16,7 @@ from labsim.sim.collectives import (
 )
 from labsim.sim.dataloader import LoaderResult, simulate_dataloader
 from labsim.sim.decode import DecodeResult, simulate_decode_step
+from labsim.sim.launch import LaunchRun, simulate_chain
 from labsim.sim.network import Network
 
 __all__ = sorted(name for name in dir() if not name.startswith("_")
