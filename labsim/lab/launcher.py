@@ -154,7 +154,9 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
         payload = tmpdir / "payload.pkl"
         payload.write_bytes(cloudpickle.dumps(
             {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "backend": backend,
-             "timeout_s": timeout_s, "threads": threads_per_worker}))
+             # the process group's own timeout outlasts ours, so a hang always ends as
+             # LaunchTimeout here, never as a gloo error racing it in a worker
+             "timeout_s": timeout_s + 60.0, "threads": threads_per_worker}))
         port = free_port()
         base = dict(os.environ)
         base.update(env or {})
