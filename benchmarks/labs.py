@@ -3,9 +3,11 @@
     python benchmarks/labs.py [NAME ...]
 
 Each notebook runs in a fresh kernel, one at a time. Peak memory is the largest total
-resident set size of the kernel and all its descendant processes (DataLoader workers,
-distributed workers), sampled every 50 ms from /proc (Linux); elsewhere it falls back to
-the kernel's own peak from getrusage. Budget per lab: about 60 s and under 1.5 GB on 2 cores.
+proportional set size (PSS) of the kernel and all its descendant processes (DataLoader
+workers, distributed workers), sampled every 50 ms from /proc (Linux). PSS splits each page
+shared by several processes among them, so forked workers that share the kernel's pages
+copy-on-write are not counted twice, as a sum of RSS would. Elsewhere it falls back to the
+kernel's own peak RSS from getrusage. Budget per lab: about 60 s and under 1.5 GB on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,17 +38,24 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Total RSS of ``root``'s descendants (not ``root`` itself), from /proc."""
-    tree, total, todo = _children(), 0, list(_children().get(root, []))
-    page = os.sysconf("SC_PAGE_SIZE")
+def _pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def tree_pss_bytes(root: int) -> int:
+    """Total PSS of ``root``'s descendants (not ``root`` itself), from /proc."""
+    tree = _children()
+    total, todo = 0, list(tree.get(root, []))
     while todo:
         pid = todo.pop()
         todo.extend(tree.get(pid, []))
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
-        except OSError:
-            pass
+        total += _pss_bytes(pid)
     return total
 
 
@@ -58,11 +67,11 @@ def run_one(path: Path) -> tuple[float, float, str]:
     nb = nbformat.read(path, as_version=4)
     peak = [0]
     done = threading.Event()
-    have_proc = Path("/proc/self/statm").exists()
+    have_proc = Path("/proc/self/smaps_rollup").exists()
 
     def sample() -> None:
         while not done.wait(0.05):
-            peak[0] = max(peak[0], tree_rss_bytes(os.getpid()))
+            peak[0] = max(peak[0], tree_pss_bytes(os.getpid()))
 
     sampler = threading.Thread(target=sample, daemon=True)
     if have_proc:

@@ -14,6 +14,7 @@ and ``course`` (release and grading), and the ``labsim`` command line in ``cli``
 
 from types import ModuleType as _ModuleType
 
+from labsim.attention import attention_cost, attention_flops, tiled_attention_hbm_bytes
 from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.collectives import (
     algbw,
@@ -26,9 +27,13 @@ from labsim.collectives import (
 )
 from labsim.hardware import GPU, Link, gpu, link
 from labsim.memory import MemoryBreakdown, activation_memory, training_memory
+from labsim.opmodel import chain_bytes, chain_time
 from labsim.plan import Plan
+from labsim.quantization import decode_cost, decode_step_time, int8_decode_speedup
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import CollectiveResult, simulate_collective
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
+from labsim.sim.decode import DecodeResult, simulate_decode_step
 from labsim.sim.step import StepResult, simulate_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer

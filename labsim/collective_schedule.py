@@ -278,9 +278,24 @@ def _pairwise_steps(nbytes: int, ranks: list[int]) -> Iterator[Step]:
                    f"exchange step {k}/{p - 1}", "all-to-all")
 
 
+def _parallel_rings(op: str, sizes: Sequence[int], rings: list[list[int]], phase: str,
+                    ) -> Iterator[Step]:
+    """Independent rings at once (one per node, or one per local index), ring ``j`` reducing
+    its own ``sizes[j]`` bytes: their steps advance together as one step."""
+    per_ring = [list(_ring_steps(op, int(sizes[j]), [rings[j]], phase))
+                for j in range(len(rings))]
+    src = np.concatenate([np.asarray(r) for r in rings])
+    dst = np.concatenate([np.roll(np.asarray(r), -1) for r in rings])
+    pattern = Pattern(src, dst, (phase, op, len(rings), len(rings[0])))
+    for group in zip(*per_ring):
+        yield Step(pattern, partial(_concat, group), group[0].label, phase.strip(),
+                   max(g.max_bytes for g in group), sum(g.total_bytes for g in group),
+                   min(g.min_bytes for g in group))
+
+
 def _hierarchical_steps(nbytes: int, ranks: list[int], cluster: Cluster) -> Iterator[Step]:
-    """Intra-node ring reduce-scatter, inter-node ring all-reduce of each shard (one ring per
-    local index, all at once), intra-node ring all-gather."""
+    """Intra-node ring reduce-scatter (every node at once), inter-node ring all-reduce of each
+    shard (one ring per local index, all at once), intra-node ring all-gather."""
     by_node: dict[int, list[int]] = {}
     for r in ranks:
         by_node.setdefault(cluster.node_of(r), []).append(r)
@@ -288,25 +303,19 @@ def _hierarchical_steps(nbytes: int, ranks: list[int], cluster: Cluster) -> Iter
         raise ValueError("hierarchical all-reduce needs the same number of ranks on each node")
     nodes = sorted(by_node)
     k = len(by_node[nodes[0]])
+    local_rings = [by_node[n] for n in nodes]
     if k > 1:
-        yield from _ring_steps("reduce_scatter", nbytes, [by_node[n] for n in nodes],
-                               "intra-node ")
+        yield from _parallel_rings("reduce_scatter", [nbytes] * len(nodes), local_rings,
+                                   "intra-node ")
     if len(nodes) > 1:
+        # after the reduce-scatter, local rank j holds shard (j + 1) % k of the buffer
         shards = split_sizes(nbytes, k)
+        owned = [int(shards[(j + 1) % k]) if k > 1 else nbytes for j in range(k)]
         rings = [[by_node[n][j] for n in nodes] for j in range(k)]
-        # every shard's ring at once: one ring step moves chunk sizes of its own shard
-        steps = [list(_ring_steps("allreduce", int(shards[j]), [rings[j]], "inter-node "))
-                 for j in range(k)]
-        src = np.concatenate([np.asarray(r) for r in rings])
-        dst = np.concatenate([np.roll(np.asarray(r), -1) for r in rings])
-        pattern = Pattern(src, dst, ("rings", k, len(nodes)))
-        for group in zip(*steps):
-            yield Step(pattern, partial(_concat, group), group[0].label, "inter-node",
-                       max(g.max_bytes for g in group), sum(g.total_bytes for g in group),
-                       min(g.min_bytes for g in group))
+        yield from _parallel_rings("allreduce", owned, rings, "inter-node ")
     if k > 1:
-        yield from _ring_steps("allgather", nbytes, [by_node[n] for n in nodes],
-                               "intra-node ")
+        yield from _parallel_rings("allgather", [nbytes] * len(nodes), local_rings,
+                                   "intra-node ")
 
 
 def schedule(op: str, nbytes: float, ranks: Sequence[int], algorithm: str = "ring",

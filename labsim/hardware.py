@@ -316,23 +316,19 @@ GPUS: Mapping[str, GPU] = _index(_GPUS)  # read-only views: no mutable module st
 LINKS: Mapping[str, Link] = _index(_LINKS)
 
 
+def _lookup(kind: str, table: Mapping[str, object], name: object) -> object:
+    try:
+        return table[str(name).lower()]
+    except KeyError:
+        names = ", ".join(item.name for item in table.values())  # type: ignore[attr-defined]
+        raise ValueError(f"unknown {kind} {name!r}; the catalog has: {names}") from None
+
+
 def gpu(name: str | GPU) -> GPU:
     """Look up a GPU by name (case-insensitive); a ``GPU`` passes through unchanged."""
-    if isinstance(name, GPU):
-        return name
-    try:
-        return GPUS[str(name).lower()]
-    except KeyError:
-        names = ", ".join(g.name for g in _GPUS)
-        raise ValueError(f"unknown GPU {name!r}; the catalog has: {names}") from None
+    return name if isinstance(name, GPU) else _lookup("GPU", GPUS, name)  # type: ignore
 
 
 def link(name: str | Link) -> Link:
     """Look up a link by name (case-insensitive); a ``Link`` passes through unchanged."""
-    if isinstance(name, Link):
-        return name
-    try:
-        return LINKS[str(name).lower()]
-    except KeyError:
-        names = ", ".join(lk.name for lk in _LINKS)
-        raise ValueError(f"unknown link {name!r}; the catalog has: {names}") from None
+    return name if isinstance(name, Link) else _lookup("link", LINKS, name)  # type: ignore

@@ -113,8 +113,8 @@ def training_memory(
     """Bytes per GPU of training a model with ``dp``-way data parallelism and ZeRO.
 
     ``params_or_model``: a parameter count, or a ``Transformer``.  With a Transformer and
-    ``micro_batch=...`` (plus any other ``activation_memory`` keyword: tp, pp, recompute, ...)
-    the activations are included and, with tp/pp > 1, the model states are those of one rank of
+    ``micro_batch=...`` (plus any other ``activation_memory`` keyword: recompute, ...) the
+    activations are included; with ``tp``/``pp`` > 1 the model states are those of one rank of
     the first pipeline stage (``stage_params``).  Activations use 16-bit values except for
     ``precision="fp32"`` (4-byte values).
     """
@@ -132,11 +132,14 @@ def training_memory(
         model = params_or_model
         tp, pp = activation_kwargs.get("tp", 1), activation_kwargs.get("pp", 1)
         n = float(stage_params(model, tp=tp, pp=pp))
-        if activation_kwargs:
-            if "micro_batch" not in activation_kwargs:
-                raise ValueError("activation keywords need micro_batch=... (sequences per step)")
+        if "micro_batch" in activation_kwargs:
             activation_kwargs.setdefault("dtype_bytes", 4 if precision == "fp32" else 2)
             activations = activation_memory(model, **activation_kwargs)
+        elif set(activation_kwargs) - {"tp", "pp"}:
+            raise ValueError(
+                f"{sorted(set(activation_kwargs) - {'tp', 'pp'})} describe activations: add "
+                "micro_batch=... (sequences per step)"
+            )
     else:
         if activation_kwargs:
             raise ValueError(
@@ -212,21 +215,23 @@ def activation_per_layer(
     sequence_parallel: bool = False,
     recompute: str = "none",
     dtype_bytes: float = 2,
-    mask_bytes: float = 1,
+    mask_bytes: float | None = None,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
     With ``dtype_bytes=2`` (16-bit values) and ``mask_bytes=1`` (CUDA's byte dropout masks)
     this is Table 2 exactly.  In general, with d = ``dtype_bytes`` and m = ``mask_bytes``,
     ``34 sbh -> sbh(16d + 2m)`` and ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of
-    sbh, one of as^2b).  PyTorch's CPU dropout keeps its mask in the input's dtype (m = d).
-    The formula assumes the GPT layer of the paper (4h GeLU MLP, dropout); for SwiGLU or
-    dropout-free models it is an approximation.
+    sbh, one of as^2b).  ``mask_bytes=None`` means 1 if ``model.dropout`` else 0.  PyTorch's
+    CPU dropout keeps its mask in the input's dtype (m = d).  The formula assumes the GPT
+    layer of the paper (4h GeLU MLP); for a SwiGLU MLP it is an approximation.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
+    if mask_bytes is None:
+        mask_bytes = 1 if model.dropout else 0
     if not dtype_bytes > 0 or not mask_bytes >= 0:
         raise ValueError(
             f"dtype_bytes must be > 0 and mask_bytes >= 0, got {dtype_bytes!r}, {mask_bytes!r}"
@@ -259,7 +264,7 @@ def activation_memory(
     recompute: str = "none",
     virtual_stages: int = 1,
     dtype_bytes: float = 2,
-    mask_bytes: float = 1,
+    mask_bytes: float | None = None,
 ) -> float:
     """Activation bytes held at peak by the FIRST pipeline stage under 1F1B.
 
@@ -288,3 +293,21 @@ def activation_memory(
     )
     factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
     return model.layers * per_layer * factor
+
+
+def zero_stages(
+    params_or_model: int | float | Transformer,
+    *,
+    precision: str = "mixed",
+    optimizer: str = "adam",
+    dp: int = 1,
+    **activation_kwargs: Any,
+) -> dict[str, MemoryBreakdown]:
+    """``training_memory`` for ZeRO stages 0 to 3 at one setting: {"ZeRO-0": ..., ...}."""
+    return {
+        f"ZeRO-{stage}": training_memory(
+            params_or_model, precision=precision, optimizer=optimizer, zero_stage=stage,
+            dp=dp, **activation_kwargs,
+        )
+        for stage in range(4)
+    }

@@ -62,7 +62,8 @@ class Transformer:
     ``swiglu`` (three-matrix gated MLP), ``tied_embeddings`` (output layer shares the word
     embedding), ``positions`` ("learned": an s x h table as in GPT; "rotary": none),
     ``norm`` ("layernorm": weight + bias; "rmsnorm": weight only), ``bias`` (biases on the
-    linear layers).
+    linear layers), ``dropout`` (trained with dropout, whose masks are kept for backward: GPT
+    and Megatron yes, LLaMA no).
     """
 
     layers: int
@@ -77,6 +78,7 @@ class Transformer:
     positions: str = "learned"
     norm: str = "layernorm"
     bias: bool = True
+    dropout: bool = True
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -221,6 +223,19 @@ class Transformer:
         gemms.append(Gemm("mlp_down", tokens, h, f // tp))
         return tuple(gemms)
 
+    def layer_gemms_backward(
+        self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None
+    ) -> tuple[Gemm, ...]:
+        """The backward GEMMs of one layer on one rank: for each forward ``C = A @ B`` with
+        A (m x k), B (k x n), the input gradient ``dA = dC @ B^T`` (m x n)@(n x k) and the
+        weight (or second-operand) gradient ``dB = A^T @ dC`` (k x m)@(m x n): twice the
+        forward FLOPs."""
+        grads = []
+        for g in self.layer_gemms(micro_batch, tp, seq_len):
+            grads.append(Gemm(f"{g.name}.dgrad", g.m, g.k, g.n, g.batch))
+            grads.append(Gemm(f"{g.name}.wgrad", g.k, g.n, g.m, g.batch))
+        return tuple(grads)
+
     def head_gemm(self, micro_batch: int = 1, tp: int = 1, seq_len: int | None = None) -> Gemm:
         """The output layer (logits) on one rank: vocabulary split over ``tp`` ranks."""
         s = self.seq_len if seq_len is None else seq_len
@@ -303,7 +318,8 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, seq_len: int, vocab: i
 def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int, seq_len: int,
            kv_heads: int | None = None) -> Transformer:
     return Transformer(layers, hidden, heads, seq_len, 32000, ffn_hidden=ffn, kv_heads=kv_heads,
-                       swiglu=True, positions="rotary", norm="rmsnorm", bias=False, name=name)
+                       swiglu=True, positions="rotary", norm="rmsnorm", bias=False,
+                       dropout=False, name=name)
 
 
 _PRESETS = (

@@ -61,9 +61,10 @@ def test_a_hung_worker_is_killed_after_the_timeout():
 def hangs(rank, world):
     if rank == 0:
         t = torch.zeros(1)
-        dist.recv(t, 1)   # rank 1 never sends
-    return os.getpid()
-import os
+        dist.recv(t, 1)   # rank 1 never sends ...
+    while True:           # ... because it is stuck in a loop that never ends
+        time.sleep(0.1)
+import time
 '''
     ns: dict = {"__name__": "__main_notebook__"}
     exec(compile(code, "<notebook cell>", "exec"), ns)
@@ -88,3 +89,18 @@ def test_the_same_worker_runs_under_torchrun():
         capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count(": 0.0") == 2
+
+
+def test_a_worker_that_will_not_exit_after_its_result_is_killed_and_its_result_kept():
+    code = NOTEBOOK_CELL + '''
+import threading, time
+
+def lingers(rank, world):
+    threading.Thread(target=time.sleep, args=(3600,)).start()  # blocks interpreter exit
+    return rank
+'''
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(code, "<notebook cell>", "exec"), ns)
+    t0 = time.perf_counter()
+    assert list(launch(ns["lingers"], 2, timeout_s=120)) == [0, 1]
+    assert time.perf_counter() - t0 < 90  # the grace period, not the timeout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -86,3 +87,16 @@ def test_sgd_without_momentum_has_no_state() -> None:
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     assert optimizer_state_bytes(opt) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_peak_covers_saved_activations() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(512, 1024, device="cuda")
+    with MemoryMeter(model) as meter:
+        y = model(x)
+    assert meter.peak_bytes is not None
+    # the block allocated at least what it saved for backward (minus the input x, which
+    # existed before) plus its output
+    assert meter.peak_bytes >= meter.saved_bytes - x.numel() * 4 + y.numel() * 4

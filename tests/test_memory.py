@@ -153,4 +153,49 @@ def test_negative_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match="pp=5"):
         activation_memory(m, micro_batch=1, pp=5)
     with pytest.raises(ValueError, match="micro_batch"):
-        training_memory(m, tp=2)
+        training_memory(m, recompute="full")
+    sharded = training_memory(m, tp=4, pp=2)
+    assert sharded.activations == 0
+    assert sharded.params == 2 * stage_params(m, tp=4, pp=2)
+
+
+def test_dropout_free_models_keep_no_masks() -> None:
+    llama = Transformer.preset("llama2-7b")
+    assert not llama.dropout
+    s, h, a = llama.seq_len, llama.hidden, llama.heads
+    assert activation_per_layer(llama, micro_batch=1) == s * h * 32 + a * s * s * 4
+    assert activation_per_layer(llama, micro_batch=1, mask_bytes=1) == (
+        s * h * 34 + 5 * a * s * s)
+
+
+# ---------------------------------------------------------------- properties
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    n=st.floats(min_value=0, max_value=1e13),
+    dp=st.integers(min_value=1, max_value=4096),
+    precision=st.sampled_from(["fp32", "mixed", "mixed-fp32-grads", "bf16"]),
+    optimizer=st.sampled_from(["adam", "sgd", "sgd-momentum"]),
+)
+def test_zero_never_increases_memory(n: float, dp: int, precision: str, optimizer: str) -> None:
+    totals = [training_memory(n, precision=precision, optimizer=optimizer, zero_stage=s,
+                              dp=dp).total for s in range(4)]
+    assert all(a >= b for a, b in zip(totals, totals[1:]))
+    # sharding conserves bytes: dp ranks of ZeRO-3 hold exactly one unsharded copy
+    assert totals[3] * dp == pytest.approx(totals[0], rel=1e-12)
+
+
+@given(b=st.integers(1, 16), t=st.sampled_from([1, 2, 4, 8]),
+       recompute=st.sampled_from(["none", "selective", "full"]), sp=st.booleans())
+def test_activation_orderings(b: int, t: int, recompute: str, sp: bool) -> None:
+    m = Transformer.preset("megatron-18.4b")
+    mem = activation_memory(m, micro_batch=b, tp=t, sequence_parallel=sp, recompute=recompute)
+    assert mem == pytest.approx(b * activation_memory(m, micro_batch=1, tp=t,
+                                                      sequence_parallel=sp, recompute=recompute))
+    none = activation_memory(m, micro_batch=b, tp=t, sequence_parallel=sp)
+    selective = activation_memory(m, micro_batch=b, tp=t, sequence_parallel=sp,
+                                  recompute="selective")
+    full = activation_memory(m, micro_batch=b, tp=t, sequence_parallel=sp, recompute="full")
+    assert full <= selective <= none

@@ -16,6 +16,8 @@ def test_gantt_has_one_row_per_rank_stream_and_caps_rows():
     assert len(fig.axes[0].get_yticklabels()) == 8
     fig = gantt(r.trace, max_rows=3)
     assert "5 more rows" in fig.axes[0].get_title()
+    legend = gantt(r.trace, color_by="phase").axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["reduce-scatter", "all-gather"]
 
 
 def test_link_utilisation_and_busbw_curves_draw():
@@ -31,4 +33,8 @@ def test_collectives_widget_and_its_static_figure():
 
     fig = collectives_figure("pcie-a100", 2, "allreduce", ("ring", "hierarchical"), 2**20)
     assert "16 GPUs" in fig.axes[0].get_title()
-    assert explore_collectives(nodes=2) is not None
+    explorer = explore_collectives(nodes=2)
+    first = explorer.png
+    assert first and explorer._repr_mimebundle_()["image/png"] == first  # static fallback
+    explorer.controls["nodes"].value = 4
+    assert explorer.png != first and "32 GPUs" in explorer.figure.axes[0].get_title()

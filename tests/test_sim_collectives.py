@@ -166,3 +166,17 @@ def test_concurrent_collectives_share_links_and_separate_ones_do_not():
     assert twice == pytest.approx(2 * alone - 14 * dgx_h100().intra_node.latency_s, rel=1e-9)
     # two nodes' groups in parallel touch no common link: no slowdown
     assert run([range(0, 8), range(8, 16)]) == pytest.approx(alone, rel=1e-12)
+
+
+def test_hierarchical_equals_its_textbook_form():
+    # g GPUs per node, N nodes, one NIC per GPU: 2(g-1) NVLink steps of S/g, then 2(N-1)
+    # network steps of S/(gN), each ring alone on its links
+    for nodes, S in [(2, 8 * 2 * 10**6), (4, 8 * 4 * 12345)]:
+        c = dgx_h100(nodes)
+        a_i, b_i = c.intra_node.latency_s, c.intra_node.achieved_Bps
+        a_n, b_n = c.inter_node.latency_s, c.inter_node.achieved_Bps
+        expected = 2 * 7 * (a_i + S / 8 / b_i) + 2 * (nodes - 1) * (a_n + S / 8 / nodes / b_n)
+        r = simulate_collective("allreduce", S, c, "hierarchical")
+        assert r.time_s == pytest.approx(expected, rel=1e-9)
+        assert r.time_s == pytest.approx(collective_time_on(c, "allreduce", S,
+                                                            algorithm="hierarchical"), rel=1e-9)

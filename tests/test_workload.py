@@ -89,6 +89,17 @@ def test_layer_gemms_sum_and_tp_split() -> None:
     assert total == pytest.approx(2 * 2048 * m.flops_forward_per_token)
 
 
+def test_backward_gemms_are_twice_the_forward() -> None:
+    m = Transformer.preset("llama2-70b")
+    fwd = m.layer_gemms(2, tp=8)
+    bwd = m.layer_gemms_backward(2, tp=8)
+    assert len(bwd) == 2 * len(fwd)
+    assert sum(g.flops for g in bwd) == 2 * sum(g.flops for g in fwd)
+    qkv_w = next(g for g in bwd if g.name == "qkv.wgrad")
+    # the weight gradient has the weight's shape: hidden x (q + 2 kv) / tp
+    assert (qkv_w.m, qkv_w.n) == (8192, (64 // 8 + 2) * 128)
+
+
 def test_swiglu_gqa_gemms() -> None:
     m = Transformer.preset("llama2-70b")
     gemms = {g.name: g for g in m.layer_gemms(1, tp=8)}
@@ -128,3 +139,26 @@ def test_preset_errors_and_overrides() -> None:
     assert short.params == 124_439_808 - (1024 - 256) * 768
     with pytest.raises(ValueError, match="tp=5"):
         Transformer.preset("gpt2-124m").layer_gemms(1, tp=5)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=50)
+@given(
+    layers=st.integers(1, 8), head_dim=st.sampled_from([8, 16, 64]), heads=st.integers(1, 8),
+    groups=st.sampled_from([1, 2, 4]), seq=st.integers(1, 512), vocab=st.integers(1, 60000),
+    tp=st.sampled_from([1, 2, 4]), swiglu=st.booleans(),
+)
+def test_tp_splits_layer_flops_evenly(layers: int, head_dim: int, heads: int, groups: int,
+                                      seq: int, vocab: int, tp: int, swiglu: bool) -> None:
+    heads *= groups * tp
+    m = Transformer(layers, heads * head_dim, heads, seq, vocab, kv_heads=heads // groups,
+                    swiglu=swiglu, ffn_hidden=4 * heads * head_dim)
+    if m.kv_heads % tp:
+        return
+    one = sum(g.flops for g in m.layer_gemms(2, 1))
+    split = sum(g.flops for g in m.layer_gemms(2, tp))
+    assert one == tp * split
+    assert m.flops_per_token == pytest.approx(3 * m.flops_forward_per_token)

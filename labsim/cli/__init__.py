@@ -10,6 +10,7 @@ import sys
 
 SUBCOMMANDS: dict[str, str] = {
     "collective": "simulate one collective: time, algbw, busbw, trace",
+    "grade": "grade submitted notebooks of one lab: CSV of scores + feedback per learner",
     "hardware": "list the hardware catalog",
     "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
     "simulate": "simulate one training step from a TOML/JSON config; print a summary",

@@ -19,7 +19,19 @@ The same workers run under torchrun on a real node, with no launcher involved::
     torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.lab.collectives:ring_allreduce_demo
 
 Each launch costs seconds (every worker imports torch): batch a lab's real runs into few
-launches.
+launches.  In a notebook::
+
+    def my_allreduce(rank, world, n):          # defined in a cell: shipped by value
+        t = torch.full((n,), float(rank))
+        dist.all_reduce(t)
+        return t.sum().item()
+
+    result = launch(my_allreduce, 3, args=(1000,), timeout_s=60)
+    result.values      # (3000.0, 3000.0, 3000.0): one value per rank
+    result.stdout[1]   # what rank 1 printed
+
+A check can hand a learner's function to an importable driver (``launch(driver, 3,
+args=(learner_fn, cases))``) so one launch runs every case.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ from typing import Any
 import cloudpickle
 
 __all__ = ["LaunchResult", "LaunchTimeout", "WorkerError", "free_port", "launch"]
+
+EXIT_GRACE_S = 10.0  # seconds a worker may take to exit after writing its result
 
 
 class WorkerError(RuntimeError):
@@ -140,7 +154,9 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
         payload = tmpdir / "payload.pkl"
         payload.write_bytes(cloudpickle.dumps(
             {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "backend": backend,
-             "timeout_s": timeout_s, "threads": threads_per_worker}))
+             # the process group's own timeout outlasts ours, so a hang always ends as
+             # LaunchTimeout here, never as a gloo error racing it in a worker
+             "timeout_s": timeout_s + 60.0, "threads": threads_per_worker}))
         port = free_port()
         base = dict(os.environ)
         base.update(env or {})
@@ -180,13 +196,21 @@ def _first_error(results: Sequence[Path]) -> tuple[int, dict] | None:
 
 def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
           start: float, timeout_s: float) -> None:
-    """Block until every worker is done; raise on a worker's error, a crash or the timeout."""
+    """Block until every worker is done; raise on a worker's error, a crash or the timeout.
+
+    A worker that has written its result but does not exit (stuck tearing down its process
+    group) is given ``EXIT_GRACE_S`` and then killed by the caller: its result stands."""
+    all_written: float | None = None
     while True:
         codes = [p.poll() for p in procs]
         error = _first_error(results)
         if error is not None:
             rank, outcome = error
             raise WorkerError(rank, outcome["traceback"], outcome["exc_type"])
+        if all_written is None and all(r.exists() for r in results):
+            all_written = time.perf_counter()
+        if all_written is not None and time.perf_counter() - all_written > EXIT_GRACE_S:
+            return
         for rank, code in enumerate(codes):
             if code is not None and not results[rank].exists():
                 raise WorkerError(rank, f"(no Python traceback: the process exited with code "

@@ -19,6 +19,8 @@ _COLOURS = {"compute": "#4C72B0", "forward": "#4C72B0", "backward": "#DD8452",
             "recompute": "#937860", "optimizer": "#8172B3", "comm": "#55A868",
             "send": "#55A868", "recv": "#64B5CD", "wait": "#C44E52", "load": "#DA8BC3",
             "idle": "#CCCCCC"}
+_PHASE_COLOURS = ["#55A868", "#4C72B0", "#DD8452", "#8172B3", "#937860", "#DA8BC3",
+                  "#64B5CD", "#C44E52"]
 _UNITS = [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")]
 
 
@@ -30,12 +32,18 @@ def _unit(span_s: float) -> tuple[float, str]:
 
 
 def gantt(trace: Trace, *, ranks: Sequence[int] | None = None, max_rows: int = 32,
-          title: str = "", label_bars: bool = False, ax: Axes | None = None) -> Figure:
+          title: str = "", label_bars: bool = False, color_by: str = "kind",
+          ax: Axes | None = None) -> Figure:
     """Draw ``trace`` as a Gantt chart; rows are (rank, stream), ranks top to bottom.
 
     ``ranks`` picks which ranks to show (default: all, at most ``max_rows`` rows, the rest
     summarised in the title).  ``label_bars`` writes each span's label inside its bar.
+    ``color_by``: "kind" (compute, comm, ...) or "phase" (a span's ``phase`` argument, e.g. a
+    collective's reduce-scatter and all-gather; spans without one fall back to their kind).
     """
+    if color_by not in ("kind", "phase"):
+        raise ValueError(f"color_by must be 'kind' or 'phase', got {color_by!r}")
+    palette = iter(_PHASE_COLOURS)
     spans = [s for s in trace if ranks is None or s.rank in set(ranks)]
     rows = sorted({(s.rank, s.stream) for s in spans})
     hidden = max(0, len(rows) - max_rows)
@@ -53,9 +61,11 @@ def gantt(trace: Trace, *, ranks: Sequence[int] | None = None, max_rows: int = 3
         row = (s.rank, s.stream)
         if row not in index:
             continue
-        colour = _COLOURS.get(s.kind, "#999999")
-        kinds.setdefault(s.kind, colour)
-        by_row.setdefault((*row, s.kind), []).append(
+        key = str(s.args.get("phase", s.kind)) if color_by == "phase" else s.kind
+        if key not in kinds:
+            kinds[key] = (next(palette, "#999999") if color_by == "phase"
+                          else _COLOURS.get(s.kind, "#999999"))
+        by_row.setdefault((*row, key), []).append(
             ((s.start_s - t0) / scale, s.duration_s / scale))
         if label_bars and s.label:
             ax.text((s.start_s - t0 + s.duration_s / 2) / scale, index[row], s.label,

@@ -3,7 +3,9 @@
 ``network``: links shared by concurrent flows; ``collectives``: collectives as processes;
 ``pipeline``: pipeline schedules executed on stages (p2p messages); ``data_parallel``: gradient
 buckets and ZeRO traffic; ``step``: one training step composed of them, with compute, TP
-communication, recompute and memory. Nothing here keeps module-level state.
+communication, recompute and memory; ``decode``: an inference decode step, HBM streaming
+layers while the SMs compute; ``launch``: kernel launches from a host to a device. Nothing here
+keeps module-level state.
 """
 
 from labsim.sim.collectives import (
@@ -12,7 +14,10 @@ from labsim.sim.collectives import (
     simulate_collective,
     start_collective,
 )
+from labsim.sim.dataloader import LoaderResult, simulate_dataloader
+from labsim.sim.decode import DecodeResult, simulate_decode_step
+from labsim.sim.launch import LaunchRun, simulate_chain
 from labsim.sim.network import Network
 
-__all__ = ["CollectiveResult", "Network", "run_collective", "simulate_collective",
-           "start_collective"]
+__all__ = sorted(name for name in dir() if not name.startswith("_")
+                 and callable(globals()[name]))

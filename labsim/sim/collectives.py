@@ -85,14 +85,16 @@ def _full_spans(trace: Trace, stream: str, step: Step, start: float, end: float,
     ends = np.minimum(start + alpha + step.nbytes / rates, end)
     for i in range(len(src)):
         trace.add(int(src[i]), stream, "send", start, float(ends[i]),
-                  f"{step.label} -> {int(dst[i])}", float(step.nbytes[i]), dst=int(dst[i]))
+                  f"{step.label} -> {int(dst[i])}", float(step.nbytes[i]), dst=int(dst[i]),
+                  phase=step.phase)
 
 
 def _coarse_spans(trace: Trace, stream: str, records: list[tuple], level: str) -> None:
     """records: (start, end, label, phase, bytes, first rank, transfers) per step."""
     if level == "step":
-        for start, end, label, _, nbytes, rank, m in records:
-            trace.add(rank, stream, "comm", start, end, label, nbytes, transfers=m)
+        for start, end, label, phase, nbytes, rank, m in records:
+            trace.add(rank, stream, "comm", start, end, label, nbytes, transfers=m,
+                      phase=phase)
         return
     i = 0
     while i < len(records):

@@ -45,20 +45,22 @@ def collectives_figure(preset: str = "dgx-h100", nodes: int = 1, op: str = "allr
 def explore_collectives(**defaults: Any) -> Any:
     """Controls over ``collectives_figure`` (``defaults`` sets their starting values)."""
     import ipywidgets as w
-    from IPython.display import display
+
+    from labsim.widgets._explorer import Explorer
 
     start = dict(preset="dgx-h100", nodes=1, op="allreduce", log2_size=28)
     start.update(defaults)
 
-    def show(preset: str, nodes: int, op: str, log2_size: int) -> None:
+    def figure(preset: str, nodes: int, op: str, log2_size: int) -> Figure:
         algos = [a for a in ALGORITHMS[op] if op != "allreduce" or a != "recursive_doubling"]
-        display(collectives_figure(preset, nodes, op, algos, 2.0**log2_size))
+        return collectives_figure(preset, nodes, op, algos, 2.0**log2_size)
 
-    return w.interactive(
-        show,
-        preset=w.Dropdown(options=list(PRESETS), value=start["preset"], description="cluster"),
-        nodes=w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
-                                value=start["nodes"], description="nodes"),
-        op=w.Dropdown(options=list(ALGORITHMS), value=start["op"], description="operation"),
-        log2_size=w.IntSlider(start["log2_size"], 10, 34, description="log2 bytes"),
-    )
+    controls = {
+        "preset": w.Dropdown(options=list(PRESETS), value=start["preset"],
+                             description="cluster"),
+        "nodes": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+                                   value=start["nodes"], description="nodes"),
+        "op": w.Dropdown(options=list(ALGORITHMS), value=start["op"], description="operation"),
+        "log2_size": w.IntSlider(start["log2_size"], 10, 34, description="log2 bytes"),
+    }
+    return Explorer(figure, controls, rows=(4,))

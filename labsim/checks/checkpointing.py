@@ -1,0 +1,126 @@
+"""Checks for the activation-checkpointing exercises.
+
+``checkpointed_forward``: the learner's forward must give the same output and gradients as the
+plain network *and* keep exactly the bytes a ``checkpoint_sequential``-style run keeps (so it
+cannot pass without really checkpointing).  ``segment_plan``: any plan the learner returns must
+be valid, fit the budget under the segment model and recompute as few layers as the best plan,
+found here by trying every segmentation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from labsim.checks._core import Case, close, raises, run_check
+from labsim.lab import checkpointing as C
+from labsim.lab.memory import MemoryMeter
+
+_LAYERS, _WIDTH, _TOKENS = 6, 16, 32
+
+
+def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None) -> dict:
+    blocks = C.residual_mlp(_LAYERS, _WIDTH, seed=3)
+    x = torch.randn(_TOKENS, _WIDTH, generator=torch.Generator().manual_seed(4))
+    with MemoryMeter(blocks) as meter:
+        out = forward(blocks, x, starts)
+    out.square().mean().backward()
+    return {
+        "output": out.detach(),
+        "gradients": [p.grad.detach().clone() for p in blocks.parameters()],
+        "bytes saved for backward": meter.saved_bytes,
+    }
+
+
+def checkpointed_forward(fn: Callable[..., torch.Tensor]) -> None:
+    """``fn(blocks, x, starts)`` against ``labsim.lab.checkpointing.forward_segments``."""
+    plans = [
+        ("no checkpointing: starts=[0]", [0]),
+        ("every layer", C.every_k(_LAYERS, 1)),
+        ("every 2 layers", C.every_k(_LAYERS, 2)),
+        ("uneven segments [0, 1, 4]", [0, 1, 4]),
+        ("two segments [0, 5] (last one a single layer)", [0, 5]),
+    ]
+    cases = [
+        Case(name, (starts,), expected=_forward_case(C.forward_segments, starts))
+        for name, starts in plans
+    ]
+    if not callable(fn):
+        run_check("checkpointed_forward", fn, cases)
+        return
+    run_check(
+        "checkpointed_forward",
+        lambda starts: _forward_case(fn, starts),
+        cases,
+        compare=close(rtol=1e-5, atol=1e-7),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Planning segments for a budget
+
+
+def _best_recompute(layer_bytes: Sequence[float], boundary_bytes: Sequence[float],
+                    budget: float) -> int | None:
+    """Fewest recomputed layers over every segmentation (2**(n-1) of them); None if none fits."""
+    n = len(layer_bytes)
+    best: int | None = None
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        starts = [0] + [i + 1 for i, c in enumerate(cuts) if c]
+        if C.segment_peak_bytes(layer_bytes, boundary_bytes, starts) <= budget:
+            r = C.recomputed_layers(n, starts)
+            best = r if best is None else min(best, r)
+    return best
+
+
+def _plan_compare(layer_bytes: Sequence[float], boundary_bytes: Sequence[float],
+                  budget: float) -> Callable[[Any, Any], str | None]:
+    n = len(layer_bytes)
+
+    def compare(got: Any, expected: Any) -> str | None:
+        try:
+            starts = [int(s) for s in got]
+            peak = C.segment_peak_bytes(layer_bytes, boundary_bytes, starts)
+        except (TypeError, ValueError) as exc:
+            return f"not a valid list of segment starts ({exc}): {got!r}"
+        if peak > budget:
+            return f"starts {starts}: predicted peak {peak:g} B exceeds the budget {budget:g} B"
+        r = C.recomputed_layers(n, starts)
+        if r != expected:
+            return f"starts {starts} recompute {r} layers; the best plan recomputes {expected}"
+        return None
+
+    return compare
+
+
+def _plan_case(name: str, layer_bytes: list[float], boundary_bytes: list[float],
+               budget: float) -> Case:
+    best = _best_recompute(layer_bytes, boundary_bytes, budget)
+    if best is None:
+        return Case(name, (layer_bytes, boundary_bytes, budget), compare=raises(ValueError))
+    return Case(name, (layer_bytes, boundary_bytes, budget), expected=best,
+                compare=_plan_compare(layer_bytes, boundary_bytes, budget))
+
+
+def segment_plan(fn: Callable[[Sequence[float], Sequence[float], float], list[int]]) -> None:
+    """``fn(layer_bytes, boundary_bytes, budget_bytes)`` against an exhaustive search."""
+    uniform = [10.0] * 9
+    ones = [1.0] * 9
+    uneven = [4.0, 12.0, 3.0, 9.0, 9.0, 2.0, 15.0, 5.0, 6.0, 8.0]
+    uneven_in = [1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0, 1.0, 2.0]
+    cases = [
+        _plan_case("budget holds everything: no checkpointing", uniform, ones, 90.0),
+        _plan_case("uniform layers, budget between", uniform, ones, 45.0),
+        _plan_case("uniform layers, about sqrt(n) segments", uniform, ones, 32.0),
+        _plan_case("one layer at a time just fits", uniform, ones, 18.0),
+        _plan_case("budget below one layer at a time: ValueError", uniform, ones, 17.0),
+        _plan_case("uneven layers and inputs", uneven, uneven_in, 40.0),
+        _plan_case("uneven, tight", uneven, uneven_in, 27.0),
+        _plan_case("a single layer", [7.0], [1.0], 7.0),
+        _plan_case("big inputs make long segments pay", [5.0] * 8, [4.0] * 8, 22.0),
+    ]
+    run_check("segment_plan", fn, cases)
+

@@ -1,0 +1,85 @@
+"""Grade a class: run every submitted notebook of one lab in a sandbox, write one CSV row per
+submission (a column per check, total, max, status, reason) and a feedback file per learner.
+
+Each submission is rebuilt from the released lab (only exercise cells are taken from it) and
+run under nbval in its own process and kernel, with time and memory limits and, where Linux
+allows it, no network and a read-only file system.  See docs/instructors.md."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import signal
+import sys
+from pathlib import Path
+
+from labsim.course import grade as gr
+from labsim.course import rebuild as rb
+from labsim.course import sandbox as sb
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'4GiB', '2.5GB', '800MB' or a plain number of bytes -> bytes."""
+    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m[2].lower() not in _UNITS:
+        raise ValueError(f"--memory {text!r}: give bytes or a size such as 4GiB, 3GB, 800MB")
+    return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = sb.Limits()
+    parser.add_argument("submissions", nargs="*", type=Path, help="submitted .ipynb files")
+    parser.add_argument("--lab", type=Path, required=True, help="the released lab, labs/NN.ipynb")
+    parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
+    parser.add_argument("--feedback", type=Path, help="folder for one feedback file per learner")
+    parser.add_argument("--jobs", type=int, default=1, help="submissions graded at once")
+    parser.add_argument("--timeout-cell", type=float, default=d.cell_s,
+                        help=f"seconds one cell may run (default {d.cell_s:g})")
+    parser.add_argument("--timeout-notebook", type=float, default=d.notebook_s,
+                        help=f"seconds for a whole notebook (default {d.notebook_s:g})")
+    parser.add_argument("--memory", default=str(d.memory_bytes),
+                        help="address-space limit of each kernel (default 4GiB)")
+    parser.add_argument("--keep-runs", type=Path,
+                        help="keep each run's working folder (graded notebook, nbval log) here")
+    parser.add_argument("--extra-checks", type=Path,
+                        help="a private .py file of '# %%%% extra-check NAME points=N' cells")
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = [m for m in ("pytest", "nbval") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"grading needs {' and '.join(missing)}: pip install 'labsim[grade]'")
+    if not args.submissions:
+        raise ValueError("no submissions given; pass the notebooks to grade")
+    if not args.lab.exists():
+        raise ValueError(f"--lab {args.lab}: no such file")
+    limits = sb.Limits(args.timeout_cell, args.timeout_notebook, parse_bytes(args.memory))
+    extra = rb.read_extra_checks(args.extra_checks) if args.extra_checks else None
+    options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback,
+                         keep_dir=args.keep_runs)
+    box = sb.probe()
+    for warning in box.warnings:
+        print(f"labsim grade: warning: {warning}", file=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # stop the runs as Ctrl-C does
+    try:
+        report = gr.grade(args.lab, args.submissions, options, box)
+    except KeyboardInterrupt:
+        print("labsim grade: interrupted; the running notebooks were stopped and no CSV was "
+              "written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    gr.write_csv(report, args.out)
+    counts = {s: sum(r.status == s for r in report.results) for s in gr.STATUSES}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    print(f"graded {len(report.results)} submissions of {report.lab} in {report.wall_s:.1f} s "
+          f"({summary}); wrote {args.out}")
+    return 0

@@ -1,0 +1,154 @@
+"""A pytest plugin that ``labsim grade`` loads into each sandboxed nbval run.
+
+It is loaded with ``-p labsim.course._nbval_report`` in the grading subprocess only, and:
+
+- appends one JSON line per notebook cell to the file named by ``LABSIM_GRADE_REPORT``
+  (cell number, outcome, what nbval said, the cell's outputs cut to a bounded size, whether
+  the kernel was alive afterwards), flushed at once, so a run killed for its notebook time
+  limit still leaves the record of every cell it finished;
+- starts the kernel on the ports listed in ``LABSIM_GRADE_PORTS`` (five numbers), so parallel
+  runs never race for the same port;
+- notices a dead kernel within a fraction of a second instead of waiting for the cell time
+  limit (nbval alone waits the whole limit for a reply that never comes);
+- cuts every stream message to ``STREAM_LIMIT_CHARS``, so a notebook that prints 100 MB
+  neither fills the grader's memory nor makes the output comparison crawl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from queue import Empty
+from typing import Any
+
+import pytest
+
+# jsonschema (imported by nbformat, which nbval imports) loads the optional rfc3987_syntax
+# package when present, and building its grammar takes seconds per run; nbformat's schema
+# does not use it.  This module is loaded before nbval, so the import is skipped.
+if os.environ.get("LABSIM_GRADE_REPORT"):
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+STREAM_LIMIT_CHARS = 64_000
+TEXT_LIMIT_CHARS = 8_000
+POLL_S = 0.25
+_REPORT_ENV = "LABSIM_GRADE_REPORT"
+_PORTS_ENV = "LABSIM_GRADE_PORTS"
+_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+class KernelDied(RuntimeError):
+    """The kernel process exited while a cell was running."""
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... [{len(text) - limit} more characters cut by the grader]"
+
+
+def _install() -> None:
+    """Patch nbval's kernel wrapper: fixed ports, prompt death detection, bounded streams."""
+    from nbval import kernel as nbk
+
+    ports = os.environ.get(_PORTS_ENV, "")  # read before pytest_configure removes it
+    if ports:
+        numbers = [int(p) for p in ports.split(",")]
+        base = nbk.KernelManager
+
+        class PortedKernelManager(base):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.update(dict(zip(_PORT_NAMES, numbers)))
+                kwargs.setdefault("ip", "127.0.0.1")
+                super().__init__(*args, **kwargs)
+
+        nbk.KernelManager = PortedKernelManager
+
+    def await_reply(self: Any, msg_id: str, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                raise Empty
+            try:
+                msg = self.get_message(stream="shell", timeout=left)
+            except Empty:
+                if not self.km.is_alive():
+                    raise KernelDied("the kernel process died while running this cell") from None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                if msg["content"]["status"] == "aborted":
+                    raise RuntimeError("Kernel aborted execution request")
+                return
+
+    original_get = nbk.RunningKernel.get_message
+
+    def get_message(self: Any, stream: str, timeout: float | None = None) -> Any:
+        msg = original_get(self, stream, timeout=timeout)
+        content = msg.get("content", {})
+        if msg.get("msg_type") == "stream" and isinstance(content.get("text"), str):
+            content["text"] = _cut(content["text"], STREAM_LIMIT_CHARS)
+        return msg
+
+    nbk.RunningKernel.await_reply = await_reply
+    nbk.RunningKernel.get_message = get_message
+
+
+def _outputs(item: Any) -> list[dict]:
+    """The outputs nbval collected for a cell, with every text cut to a bounded size."""
+    kept: list[dict] = []
+    for out in getattr(item, "test_outputs", None) or []:
+        kind = out.get("output_type")
+        if kind == "stream":
+            kept.append({"type": "stream", "name": out.get("name", "stdout"),
+                         "text": _cut(str(out.get("text", "")), STREAM_LIMIT_CHARS)})
+        elif kind == "error":
+            kept.append({"type": "error", "ename": str(out.get("ename", "")),
+                         "evalue": _cut(str(out.get("evalue", "")), TEXT_LIMIT_CHARS)})
+        elif kind in ("display_data", "execute_result"):
+            text = out.get("data", {}).get("text/plain", "")
+            kept.append({"type": "display", "text": _cut(str(text), TEXT_LIMIT_CHARS)})
+    return kept
+
+
+class _Recorder:
+    """Appends one JSON line per cell to ``path`` (held here, not in the environment, so the
+    learner's kernel, started later, does not inherit where the record is kept)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
+        outcome = yield
+        report = outcome.get_result()
+        if not hasattr(item, "cell_num"):
+            return
+        if call.when != "call" and not (call.when == "setup" and report.outcome != "passed"):
+            return
+        exc = call.excinfo.value if call.excinfo is not None else None
+        kernel = getattr(item.parent, "kernel", None)
+        record = {
+            "cell": item.cell_num,
+            "phase": call.when,
+            "outcome": report.outcome,
+            "error_kind": type(exc).__name__ if exc is not None else "",
+            "message": _cut(str(exc), TEXT_LIMIT_CHARS) if exc is not None else "",
+            "timed_out": bool(getattr(item.parent, "timed_out", False)),
+            "kernel_alive": bool(kernel is not None and kernel.is_alive()),
+            "duration_s": round(call.stop - call.start, 3),
+            "outputs": _outputs(item),
+        }
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = os.environ.pop(_REPORT_ENV, "")
+    if path:
+        _install()
+        os.environ.pop(_PORTS_ENV, None)
+        config.pluginmanager.register(_Recorder(path), "labsim-grade-recorder")

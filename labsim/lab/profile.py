@@ -1,0 +1,256 @@
+"""Count what a piece of PyTorch code launches, with ``torch.profiler``.
+
+On a CUDA GPU every kernel that runs is a profiler event on the device: ``OpCounts.kernels``
+counts them exactly.  On a CPU there are no kernels to count; what costs a fixed overhead per
+call there is the dispatch of one ATen operator (argument parsing, dtype and device dispatch,
+allocating the output, spawning the OpenMP loop).  ``OpCounts.ops`` lists the ATen operators
+that do arithmetic or copy data (views, allocations and wrappers such as ``aten::to`` that
+only forward to another operator are left out), each with the bytes its operands occupy --
+the traffic it causes if every operand crosses main memory once and nothing stays in cache.
+
+A ``torch.compile``d function shows as one "Torch-Compiled Region" whose generated kernels
+are not ATen operators; ``compiled_regions`` counts those regions.
+
+``peak_bytes`` measures the most memory a call held at once above what was allocated before
+it, on any device: on CUDA from the caching allocator's peak statistic, on a CPU from the
+profiler's record of every allocation and free (``profile_memory=True``), replayed in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+# Operators that do no arithmetic and move no data (or only forward to another operator).
+NON_KERNEL_OPS = frozenset(
+    {
+        "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::zeros_like",
+        "aten::as_strided", "aten::view", "aten::_reshape_alias", "aten::reshape",
+        "aten::transpose", "aten::t", "aten::expand", "aten::permute", "aten::slice",
+        "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::alias",
+        "aten::resolve_conj", "aten::resolve_neg", "aten::_unsafe_view", "aten::lift_fresh",
+        "aten::to", "aten::_to_copy", "aten::contiguous", "aten::result_type",
+        "aten::scalar_tensor", "aten::item", "aten::_local_scalar_dense", "aten::split",
+        "aten::narrow", "aten::unbind", "aten::matmul", "aten::linear", "aten::dropout",
+        "aten::scaled_dot_product_attention", "aten::_fused_sdp_choice", "aten::chunk",
+        "aten::is_nonzero", "aten::broadcast_tensors", "aten::clone", "aten::flatten",
+    }
+)
+
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
+    "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2,
+}
+
+
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Silence the native profiler's "USDT ... profiler_start/stop" lines on file descriptor 2.
+
+    Some torch builds print them from C++ on every profiling session; Python-level output
+    (exceptions, warnings, ``sys.stderr`` in a notebook) is not affected.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real fd 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One operator call: its name and the bytes of its tensor operands (output included)."""
+
+    name: str
+    nbytes: float
+
+
+@dataclass(frozen=True)
+class OpCounts:
+    """What one call of a function launched: ATen ops (CPU view) and device kernels (CUDA)."""
+
+    ops: tuple[OpRecord, ...]
+    kernels: int  # device kernel launches; 0 on a CPU
+    kernel_names: tuple[str, ...]
+    compiled_regions: int
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.ops)
+
+    @property
+    def nbytes(self) -> float:
+        """Bytes touched by all ATen ops (each operand once); 0 inside compiled regions."""
+        return sum(op.nbytes for op in self.ops)
+
+    def by_name(self) -> dict[str, int]:
+        return dict(Counter(op.name for op in self.ops))
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{k} x{v}" for k, v in self.by_name().items()) or "none"
+        return (
+            f"OpCounts({self.n_ops} ATen ops [{names}], {self.kernels} device kernels, "
+            f"{self.compiled_regions} compiled regions, {self.nbytes / 1e6:.4g} MB touched)"
+        )
+
+
+def _tensor_bytes(shape: Any, dtype: str) -> float:
+    if not isinstance(shape, (list, tuple)) or dtype not in _DTYPE_BYTES:
+        return 0.0
+    if len(shape) == 0 or not all(isinstance(s, int) for s in shape):
+        return 0.0  # scalars and non-tensor arguments
+    return float(math.prod(shape) * _DTYPE_BYTES[dtype])
+
+
+def _broadcast_numel(shapes: list) -> int:
+    tensors = [s for s in shapes if isinstance(s, (list, tuple)) and s]
+    if not tensors:
+        return 0
+    try:
+        return math.prod(torch.broadcast_shapes(*[tuple(s) for s in tensors]))
+    except RuntimeError:
+        return max(math.prod(s) for s in tensors)
+
+
+def _op_bytes(name: str, shapes: list, dtypes: list) -> float:
+    """Bytes read plus bytes written by one element-wise-style operator call."""
+    read = sum(_tensor_bytes(s, d) for s, d in zip(shapes, dtypes))
+    if name == "aten::copy_":  # copy_(dst, src): writes dst, reads src
+        return read
+    if name.endswith("_"):  # in-place: the first operand is also written
+        return read + (_tensor_bytes(shapes[0], dtypes[0]) if shapes else 0.0)
+    sizes = [_DTYPE_BYTES.get(d, 0) for s, d in zip(shapes, dtypes) if s]
+    out_elem = max(sizes) if sizes else 0
+    return read + _broadcast_numel(shapes) * out_elem
+
+
+def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
+    """Run ``fn(*args, **kwargs)`` once under the profiler and count what it launched.
+
+    Warm the function up first (a ``torch.compile``d function compiles on its first call).
+    """
+    activities = [ProfilerActivity.CPU]
+    cuda = torch.cuda.is_available()
+    if cuda:
+        activities.append(ProfilerActivity.CUDA)
+    with quiet_profiler(), profile(activities=activities, record_shapes=True) as prof:
+        fn(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+    ops: list[OpRecord] = []
+    kernel_names: list[str] = []
+    regions = 0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            if not event.name.startswith(("Memcpy", "Memset")):  # copies are not kernels
+                kernel_names.append(event.name)
+            continue
+        if event.name.startswith("Torch-Compiled Region"):
+            regions += 1
+            continue
+        if not event.name.startswith("aten::") or event.name in NON_KERNEL_OPS:
+            continue
+        ops.append(
+            OpRecord(
+                event.name,
+                _op_bytes(event.name, list(event.input_shapes), list(event.input_dtypes)),
+            )
+        )
+    return OpCounts(tuple(ops), len(kernel_names), tuple(kernel_names), regions)
+
+
+class _TorchCallLog(torch.overrides.TorchFunctionMode):
+    """Records each torch function or method called and the size of every tensor it returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numels: list[int] = []
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.names.append(getattr(func, "__name__", str(func)))
+        result = func(*args, **(kwargs or {}))
+        stack = [result]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, torch.Tensor):
+                self.numels.append(item.numel())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+        return result
+
+
+@dataclass(frozen=True)
+class TorchCalls:
+    """What one call did at the torch level: its result, the element count of every tensor a
+    torch function returned (views included), and the names of the functions called."""
+
+    result: Any
+    numels: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @property
+    def largest(self) -> int:
+        return max(self.numels, default=0)
+
+
+def torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> TorchCalls:
+    """Call ``fn`` under a ``TorchFunctionMode`` that logs every torch call it makes.
+
+    Used by checks to see whether a function ever built a tensor as large as the N x N
+    attention matrix or a full-size intermediate (independently of the allocator), and
+    whether it called a function an exercise must not use.
+    """
+    log = _TorchCallLog()
+    with log:
+        result = fn(*args, **kwargs)
+    return TorchCalls(result, tuple(log.numels), tuple(log.names))
+
+
+def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Peak bytes allocated during ``fn(*args, **kwargs)`` beyond what was held before it.
+
+    The result counts too while it is alive.  CUDA (when a GPU is present and a tensor argument
+    is on it, or there are no tensor arguments): ``torch.cuda.max_memory_allocated``; CPU: the
+    running sum of the profiler's allocation (+) and free (-) events.
+    """
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if torch.cuda.is_available() and (not tensors or any(t.is_cuda for t in tensors)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - start
+        del result
+        return int(peak)
+    with quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    del result
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]"
+    )
+    held = peak = 0
+    for _, nbytes in events:
+        held += nbytes
+        peak = max(peak, held)
+    return int(peak)

@@ -1,0 +1,65 @@
+"""Scaling plot: measured or modelled quantities against a size, on log-log axes.
+
+Each series is a line (label -> values at the shared x positions); dashed guide lines of slope
+1 and 2 through the first point of the first series show what O(n) and O(n^2) growth look like,
+so a learner can read the exponent off the chart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from labsim.plots._figure import new_figure
+
+
+def scaling(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    guides: Sequence[int] = (1, 2),
+    ax: Axes | None = None,
+) -> Figure:
+    """Log-log lines of ``series`` against ``x`` with guide slopes ``guides`` (O(x^k)).
+
+    Non-positive or NaN values (a size that was not measured) are left out of a line.  In
+    Jupyter the returned figure displays itself when it is the value of a cell.
+    """
+    if not series:
+        raise ValueError("give at least one series")
+    xs = np.asarray(x, dtype=float)
+    for label, ys in series.items():
+        if len(ys) != len(xs):
+            raise ValueError(f"series {label!r} has {len(ys)} values for {len(xs)} sizes")
+    if ax is None:
+        fig = new_figure((7.0, 4.5))
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    anchor = None
+    for label, ys in series.items():
+        ya = np.asarray(ys, dtype=float)
+        ok = np.isfinite(ya) & (ya > 0)
+        ax.loglog(xs[ok], ya[ok], "o-", label=label)
+        if anchor is None and ok.any():
+            first = int(np.argmax(ok))
+            anchor = (xs[first], ya[first])
+    if anchor is not None:
+        for k in guides:
+            ax.loglog(xs, anchor[1] * (xs / anchor[0]) ** k, "--", color="grey", lw=0.8,
+                      alpha=0.7)
+            ax.annotate(f"O(n^{k})" if k != 1 else "O(n)", (xs[-1], anchor[1] *
+                        (xs[-1] / anchor[0]) ** k), fontsize=8, color="grey")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

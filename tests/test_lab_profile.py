@@ -1,0 +1,65 @@
+"""labsim.lab.profile: op counts, bytes touched, CPU/CUDA peak memory, result sizes."""
+
+from __future__ import annotations
+
+import torch
+
+from labsim.lab.profile import count_ops, peak_bytes, torch_calls
+
+
+def test_an_add_is_one_op_moving_three_tensors() -> None:
+    a, b = torch.randn(1000), torch.randn(1000)
+    counts = count_ops(torch.add, a, b)
+    assert counts.by_name() == {"aten::add": 1}
+    assert counts.nbytes == 3 * 4 * 1000
+    assert counts.kernels == 0 and counts.compiled_regions == 0
+    assert "aten::add x1" in repr(counts)
+
+
+def test_in_place_op_reads_and_writes_its_first_operand() -> None:
+    a, b = torch.randn(100), torch.randn(100)
+    counts = count_ops(lambda: a.add_(b))
+    assert counts.by_name() == {"aten::add_": 1}
+    assert counts.nbytes == 3 * 4 * 100
+
+
+def test_broadcast_output_is_the_full_shape() -> None:
+    x, bias = torch.randn(8, 16), torch.randn(16)
+    assert count_ops(torch.add, x, bias).nbytes == (128 + 16 + 128) * 4
+
+
+def test_views_and_allocations_are_not_counted() -> None:
+    x = torch.randn(4, 4)
+    assert count_ops(lambda: x.view(16)[:3].t()).n_ops == 0
+    # reshaping a transposed tensor must copy: that one is real work
+    assert count_ops(lambda: x.t().reshape(16)).by_name() == {"aten::copy_": 1}
+
+
+def test_peak_is_the_largest_moment_not_the_sum() -> None:
+    n = 1 << 20
+
+    def two_temporaries() -> float:
+        first = torch.ones(n)  # 4 MiB, freed before the next one is made
+        total = float(first.sum())
+        del first
+        second = torch.ones(n)
+        return total + float(second.sum())
+
+    peak = peak_bytes(two_temporaries)
+    assert 4 * n <= peak < 2 * 4 * n
+
+
+def test_peak_grows_with_the_square_for_a_score_matrix() -> None:
+    small, big = torch.randn(256, 16), torch.randn(512, 16)
+    p1 = peak_bytes(lambda q: torch.softmax(q @ q.T, -1), small)
+    p2 = peak_bytes(lambda q: torch.softmax(q @ q.T, -1), big)
+    assert 3.5 < p2 / p1 < 4.5
+
+
+def test_torch_calls_sees_every_tensor_built_and_every_call() -> None:
+    q = torch.randn(64, 8)
+    calls = torch_calls(lambda t: torch.softmax(t @ t.T, -1) @ t, q)
+    assert calls.result.shape == (64, 8)
+    assert calls.largest == 64 * 64
+    assert "softmax" in calls.names
+    assert torch_calls(lambda t: t[:4].mul_(2), q).largest == 4 * 8
