@@ -37,24 +37,25 @@ def dp_step_figure(model: str = "gpt2-1.5b", preset: str = "dgx-a100", nodes: in
 def explore_data_parallel(**defaults: Any) -> Any:
     """Controls over ``dp_step_figure``."""
     import ipywidgets as w
-    from IPython.display import display
+
+    from labsim.widgets._explorer import Explorer
 
     start = dict(model="gpt2-1.5b", preset="dgx-a100", nodes=8, micro_batch=4,
                  accumulation=1, bucket_mb=25.0, overlap=True)
     start.update(defaults)
-
-    def show(**kw: Any) -> None:
-        display(dp_step_figure(**kw))
-
-    return w.interactive(
-        show,
-        model=w.Dropdown(options=list(Transformer.presets()), value=start["model"]),
-        preset=w.Dropdown(options=["dgx-a100", "dgx-h100", "pcie-a100"],
-                          value=start["preset"], description="cluster"),
-        nodes=w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=start["nodes"]),
-        micro_batch=w.IntSlider(start["micro_batch"], 1, 16),
-        accumulation=w.SelectionSlider(options=[1, 2, 4, 8, 16], value=start["accumulation"]),
-        bucket_mb=w.SelectionSlider(options=[1.0, 5.0, 25.0, 100.0, 500.0],
-                                    value=start["bucket_mb"], description="bucket MB"),
-        overlap=w.Checkbox(value=start["overlap"]),
-    )
+    controls = {
+        "model": w.Dropdown(options=list(Transformer.presets()), value=start["model"],
+                            description="model"),
+        "preset": w.Dropdown(options=["dgx-a100", "dgx-h100", "pcie-a100"],
+                             value=start["preset"], description="cluster"),
+        "nodes": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=start["nodes"],
+                                   description="nodes"),
+        "micro_batch": w.IntSlider(start["micro_batch"], 1, 16, description="micro-batch"),
+        "accumulation": w.SelectionSlider(options=[1, 2, 4, 8, 16],
+                                          value=start["accumulation"],
+                                          description="accumulate"),
+        "bucket_mb": w.SelectionSlider(options=[1.0, 5.0, 25.0, 100.0, 500.0],
+                                       value=start["bucket_mb"], description="bucket MB"),
+        "overlap": w.Checkbox(value=start["overlap"], description="overlap"),
+    }
+    return Explorer(dp_step_figure, controls, rows=(3, 3))

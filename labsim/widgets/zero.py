@@ -37,19 +37,16 @@ def zero_figure(params_b: float = 7.5, dp: int = 64, gpu_name: str = "A100-80GB"
 def explore_zero(**defaults: Any) -> Any:
     """Sliders over ``zero_figure``."""
     import ipywidgets as w
-    from IPython.display import display
+
+    from labsim.widgets._explorer import Explorer
 
     start = dict(params_b=7.5, dp=64)
     start.update(defaults)
-
-    def show(params_b: float, dp: int) -> None:
-        display(zero_figure(params_b, dp))
-
     sizes = [0.125, 0.35, 1.5, 7.5, 13.0, 70.0, 175.0, 530.0, 1000.0]
-    return w.interactive(
-        show,
-        params_b=w.SelectionSlider(options=sizes, value=start["params_b"],
-                                   description="params (B)"),
-        dp=w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
-                             value=start["dp"], description="GPUs"),
-    )
+    controls = {
+        "params_b": w.SelectionSlider(options=sizes, value=start["params_b"],
+                                      description="params (B)"),
+        "dp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
+                                value=start["dp"], description="GPUs"),
+    }
+    return Explorer(zero_figure, controls)
