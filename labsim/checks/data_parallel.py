@@ -40,12 +40,18 @@ def _stub(title: str, n_cases: int, probe: Callable[[], Any]) -> None:
         pass
 
 
-def _lookup(values: list[Any]) -> Callable[[int], Any]:
-    def get(i: int) -> Any:
-        if isinstance(values[i], Exception):
-            raise values[i]
-        return values[i]
-    return get
+def _check_outcomes(title: str, names: list[str], got: list[Any],
+                    expected: list[Any]) -> None:
+    """Run a check over results computed in one launch: case i compares ``got[i]`` (re-raised
+    if that part of the run failed) with ``expected[i]``."""
+    def outcome(i: int) -> Any:
+        if isinstance(got[i], Exception):
+            raise got[i]
+        return got[i]
+
+    cases = [Case(name, (i,), expected=exp)
+             for i, (name, exp) in enumerate(zip(names, expected, strict=True))]
+    run_check(title, outcome, cases, compare=TOL)
 
 
 def _serial(accumulate: int = 1) -> dict[str, Any]:
@@ -82,8 +88,7 @@ def naive_ddp(sync_parameters: Callable[[torch.nn.Module], None],
              "both ranks hold identical parameters after training",
              "the frozen layer is not changed",
              "the layer unused in forward is not changed"]
-    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
-    run_check(title, _lookup(got), cases, compare=TOL)
+    _check_outcomes(title, names, got, exp)
 
 
 def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) -> None:
@@ -120,8 +125,7 @@ def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) 
              "all-reduces are launched asynchronously during backward (overlap)",
              "one bucket for everything (launched at the end): parameters equal",
              "a bucket per trainable tensor: one all-reduce per bucket per step"]
-    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
-    run_check(title, _lookup(got), cases, compare=TOL)
+    _check_outcomes(title, names, got, exp)
 
 
 def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
@@ -149,5 +153,4 @@ def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
         names += [f"k={k}: parameters equal one process on the big batch",
                   f"k={k}: losses equal the big batch",
                   f"k={k}: all-reduces per step = buckets (communication once per step)"]
-    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
-    run_check(title, _lookup(got), cases, compare=TOL)
+    _check_outcomes(title, names, got, exp)

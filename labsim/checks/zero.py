@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from labsim.checks._core import Case, close, run_check
-from labsim.checks.data_parallel import TOL, _launch, _lookup, _stub
+from labsim.checks.data_parallel import _check_outcomes, _launch, _stub
 from labsim.memory import training_memory
 
 
@@ -42,8 +42,7 @@ def sharded_adam(cls: Callable[..., Any], timeout_s: float = 120.0) -> None:
              "the frozen layer is not changed",
              "the layer unused in forward is not changed",
              "Adam moments: the ranks' shares add up to the whole, each holds about half"]
-    cases = [Case(names[i], (i,), expected=exp[i]) for i in range(n)]
-    run_check(title, _lookup(got), cases, compare=TOL)
+    _check_outcomes(title, names, got, exp)
 
 
 def zero_memory(fn: Callable[[float, int, int], float]) -> None:
