@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from labsim.lab.data import SyntheticImages, TrainStep, calibrate
-from labsim.lab.loading import HEADER, compare, measure_loader
-from labsim.sim.dataloader import simulate_dataloader
+from labsim.experiments.loading import HEADER, calibrate, compare, measure_loader
+from labsim.lab.datasets import SyntheticImages
+from labsim.lab.models import TrainStep
+from labsim.sim.loading import simulate_dataloader
 
 
 def main() -> None:

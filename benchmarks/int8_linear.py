@@ -16,8 +16,8 @@ import platform
 import torch
 from torch import nn
 
-from labsim.lab import quant_measure as measure
-from labsim.lab import quantization as q8
+from labsim.checks.quantization.reference import quantize_model
+from labsim.experiments.quantization import pytorch_dynamic_int8, time_models, torchao_int8
 
 
 def main() -> None:
@@ -30,13 +30,13 @@ def main() -> None:
     k = args.features
     layer = nn.Sequential(nn.Linear(k, k))
     calib = [torch.randn(256, k, generator=torch.Generator().manual_seed(0))]
-    ao_a8w8, note = measure.torchao_int8(layer)
-    ao_w8, _ = measure.torchao_int8(layer, weight_only=True)
-    table = measure.time_models(
+    ao_a8w8, note = torchao_int8(layer)
+    ao_w8, _ = torchao_int8(layer, weight_only=True)
+    table = time_models(
         {
             "fp32 nn.Linear": layer,
-            "lab Int8Linear (exact int32)": q8.quantize_model(layer, calib),
-            "quantize_dynamic (FBGEMM)": measure.pytorch_dynamic_int8(layer)[0],
+            "lab Int8Linear (exact int32)": quantize_model(layer, calib),
+            "quantize_dynamic (FBGEMM)": pytorch_dynamic_int8(layer)[0],
             "torchao int8 dyn. act. + weights": ao_a8w8,
             "torchao int8 weight-only": ao_w8,
         },

@@ -25,15 +25,15 @@ from labsim.collectives import (
     collective_time_on,
     crossover_bytes,
 )
+from labsim.fusion import chain_bytes, chain_time
 from labsim.hardware import GPU, Link, gpu, link
 from labsim.memory import MemoryBreakdown, activation_memory, training_memory
-from labsim.opmodel import chain_bytes, chain_time
 from labsim.plan import Plan
 from labsim.quantization import decode_cost, decode_step_time, int8_decode_speedup
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import CollectiveResult, simulate_collective
-from labsim.sim.dataloader import LoaderResult, simulate_dataloader
-from labsim.sim.decode import DecodeResult, simulate_decode_step
+from labsim.sim.loading import LoaderResult, simulate_dataloader
+from labsim.sim.quantization import DecodeResult, simulate_decode_step
 from labsim.sim.step import StepResult, simulate_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer

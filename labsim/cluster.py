@@ -20,7 +20,7 @@ allocation; the simulator and the cluster-aware closed forms both use it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -119,6 +119,19 @@ class Cluster:
     def nic_Bps_per_gpu(self) -> float:
         """Inter-node line rate per GPU when every GPU of a node sends at once."""
         return self.inter_node.bandwidth_Bps * self.nics_per_node / self.gpus_per_node
+
+    @property
+    def nic_link_per_gpu(self) -> Link:
+        """The inter-node link as one GPU sees it when all of a node's GPUs send at once: its
+        share of the node's NICs (the NIC itself when there is one per GPU)."""
+        if self.nics_per_node >= self.gpus_per_node:
+            return self.inter_node
+        return replace(self.inter_node, bandwidth_Bps=self.nic_Bps_per_gpu)
+
+    def same_node_ranks(self, a: int, b: int) -> bool:
+        """True if ranks ``a`` and ``b`` are GPUs of one node (no rank-range check: ranks past
+        the cluster, as a plan's stage index times its stride may give, fold by node)."""
+        return a // self.gpus_per_node == b // self.gpus_per_node
 
     # -- pipes (one link direction each) ------------------------------------------------
     @property

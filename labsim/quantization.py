@@ -141,7 +141,7 @@ def decode_step_time(
     """Roofline time of one decode step (one token for each of ``batch`` sequences) through
     ``layers`` decoder layers (default: all of ``model``'s; Llama-2-7B has 32).
 
-    Closed face of ``labsim.sim.decode.simulate_decode_step``: per layer max(compute, memory)
+    Closed face of ``labsim.sim.quantization.simulate_decode_step``: per layer max(compute, memory)
     for the whole batch, memory and compute perfectly overlapped.
     """
     layer = model if model is not None else llama2_7b()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from labsim.checks import CheckFailed
 from labsim.checks import attention as check
-from labsim.lab.attention import per_block_softmax_attention
+from labsim.experiments.attention import per_block_softmax_attention
 
 
 def naive(q, k, v, causal=False):  # noqa: ANN001, ANN201

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from labsim.checks import CheckFailed
 from labsim.checks import fusion as check
-from labsim.lab.fusion import bias_gelu_dropout_residual
-from labsim.opmodel import fit_launch_model
+from labsim.experiments.fusion import bias_gelu_dropout_residual
+from labsim.fusion import fit_launch_model
 
 
 def blocked(x, bias, residual, keep, p, chunk_rows=256):  # noqa: ANN001, ANN201

@@ -85,7 +85,8 @@ def test_the_same_worker_runs_under_torchrun():
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         f"--master_port={port}", "-m", "labsim.lab.worker", "labsim.lab.collectives:demo"],
+         f"--master_port={port}", "-m", "labsim.lab.worker",
+         "labsim.checks.collectives.reference:demo"],
         capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count(": 0.0") == 2

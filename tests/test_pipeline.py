@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labsim.parallel.pipeline import (
+from labsim.pipeline import (
     Op,
     bubble_fraction,
     gpipe,

@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labsim.cluster import Cluster, dgx_a100, dgx_h100
-from labsim.collective_schedule import ALGORITHMS, POWER_OF_TWO
 from labsim.collectives import (
     collective_lower_bound,
     collective_time,
     collective_time_on,
     crossover_bytes,
 )
+from labsim.collectives.schedule import ALGORITHMS, POWER_OF_TWO
 from labsim.hardware import Link
 from labsim.sim import simulate_collective
 

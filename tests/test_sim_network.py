@@ -5,7 +5,7 @@ import pytest
 import simpy
 
 from labsim.cluster import Cluster
-from labsim.collective_schedule import Pattern
+from labsim.collectives.schedule import Pattern
 from labsim.hardware import Link
 from labsim.sim.network import Network
 

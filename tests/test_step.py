@@ -163,8 +163,7 @@ def test_narayanan_2021_table_1(capsys):
 @pytest.mark.parametrize("nodes, dp, tp", [(4, 32, 1), (4, 4, 8), (4, 16, 2), (8, 8, 8),
                                            (1, 4, 2)])
 def test_group_link_equals_cluster_aware_collectives(nodes, dp, tp):
-    from labsim.collectives import collective_time, collective_time_on
-    from labsim.sim.data_parallel import group_link
+    from labsim.collectives import collective_time, collective_time_on, group_link
 
     cluster = labsim.dgx_a100(nodes)
     ranks = list(range(0, dp * tp, tp))  # Megatron order: tp fastest, then dp

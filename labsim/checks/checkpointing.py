@@ -10,20 +10,29 @@ found here by trying every segmentation.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from labsim.checkpointing import (
+    every_k,
+    recomputed_layers,
+    segment_peak_bytes,
+    validate_starts,
+)
 from labsim.checks._core import Case, close, raises, run_check
-from labsim.lab import checkpointing as C
 from labsim.lab.memory import MemoryMeter
+from labsim.lab.models import residual_mlp
 
 _LAYERS, _WIDTH, _TOKENS = 6, 16, 32
 
 
 def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None) -> dict:
-    blocks = C.residual_mlp(_LAYERS, _WIDTH, seed=3)
+    blocks = residual_mlp(_LAYERS, _WIDTH, seed=3)
     x = torch.randn(_TOKENS, _WIDTH, generator=torch.Generator().manual_seed(4))
     with MemoryMeter(blocks) as meter:
         out = forward(blocks, x, starts)
@@ -39,13 +48,13 @@ def checkpointed_forward(fn: Callable[..., torch.Tensor]) -> None:
     """``fn(blocks, x, starts)`` against ``labsim.lab.checkpointing.forward_segments``."""
     plans = [
         ("no checkpointing: starts=[0]", [0]),
-        ("every layer", C.every_k(_LAYERS, 1)),
-        ("every 2 layers", C.every_k(_LAYERS, 2)),
+        ("every layer", every_k(_LAYERS, 1)),
+        ("every 2 layers", every_k(_LAYERS, 2)),
         ("uneven segments [0, 1, 4]", [0, 1, 4]),
         ("two segments [0, 5] (last one a single layer)", [0, 5]),
     ]
     cases = [
-        Case(name, (starts,), expected=_forward_case(C.forward_segments, starts))
+        Case(name, (starts,), expected=_forward_case(forward_segments, starts))
         for name, starts in plans
     ]
     if not callable(fn):
@@ -70,8 +79,8 @@ def _best_recompute(layer_bytes: Sequence[float], boundary_bytes: Sequence[float
     best: int | None = None
     for cuts in itertools.product((False, True), repeat=n - 1):
         starts = [0] + [i + 1 for i, c in enumerate(cuts) if c]
-        if C.segment_peak_bytes(layer_bytes, boundary_bytes, starts) <= budget:
-            r = C.recomputed_layers(n, starts)
+        if segment_peak_bytes(layer_bytes, boundary_bytes, starts) <= budget:
+            r = recomputed_layers(n, starts)
             best = r if best is None else min(best, r)
     return best
 
@@ -83,12 +92,12 @@ def _plan_compare(layer_bytes: Sequence[float], boundary_bytes: Sequence[float],
     def compare(got: Any, expected: Any) -> str | None:
         try:
             starts = [int(s) for s in got]
-            peak = C.segment_peak_bytes(layer_bytes, boundary_bytes, starts)
+            peak = segment_peak_bytes(layer_bytes, boundary_bytes, starts)
         except (TypeError, ValueError) as exc:
             return f"not a valid list of segment starts ({exc}): {got!r}"
         if peak > budget:
             return f"starts {starts}: predicted peak {peak:g} B exceeds the budget {budget:g} B"
-        r = C.recomputed_layers(n, starts)
+        r = recomputed_layers(n, starts)
         if r != expected:
             return f"starts {starts} recompute {r} layers; the best plan recomputes {expected}"
         return None
@@ -123,4 +132,71 @@ def segment_plan(fn: Callable[[Sequence[float], Sequence[float], float], list[in
         _plan_case("big inputs make long segments pay", [5.0] * 8, [4.0] * 8, 22.0),
     ]
     run_check("segment_plan", fn, cases)
+
+
+def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
+
+
+def forward_segments(
+    blocks: Sequence[nn.Module], x: torch.Tensor, starts: Sequence[int] | None
+) -> torch.Tensor:
+    """Run ``blocks`` on ``x`` in segments beginning at ``starts``, as ``checkpoint_sequential``.
+
+    ``starts[0]`` must be 0; each segment runs from its start to the next start.  Every
+    segment but the last is checkpointed (``use_reentrant=False``); the last one runs
+    normally because its backward follows at once.  ``starts=None`` or ``[0]``: no
+    checkpointing at all.
+    """
+    if not starts:
+        return _run(blocks, x)
+    starts = validate_starts(starts, len(blocks))
+    ends = [*starts[1:], len(blocks)]
+    for s, e in zip(starts[:-1], ends[:-1]):
+        x = checkpoint(_run, blocks[s:e], x, use_reentrant=False)
+    return _run(blocks[starts[-1]:], x)
+
+
+def plan_segments(
+    layer_bytes: Sequence[float], boundary_bytes: Sequence[float], budget_bytes: float
+) -> list[int]:
+    """Segment starts that fit ``budget_bytes`` with the fewest recomputed layers.
+
+    Dynamic programme over prefixes: ``kept[i]`` is the least boundary memory with which
+    layers ``[0, i)`` can be split into checkpointed segments that all fit; smaller ``kept``
+    never hurts later segments, so keeping the minimum is exact.  The answer is the longest
+    un-checkpointed tail ``[i, n)`` with ``kept[i] + sum(layer_bytes[i:]) <= budget``.
+    Raises ``ValueError`` if no segmentation fits.
+    """
+    n = len(layer_bytes)
+    if n == 0 or len(boundary_bytes) != n:
+        raise ValueError("need one layer_bytes and one boundary_bytes entry per layer (n > 0)")
+    inf = math.inf
+    kept = [inf] * (n + 1)
+    prev = [-1] * (n + 1)
+    kept[0] = 0.0
+    prefix = [0.0]
+    for b in layer_bytes:
+        prefix.append(prefix[-1] + b)
+    for i in range(1, n + 1):
+        for j in range(i):
+            if kept[j] + prefix[i] - prefix[j] <= budget_bytes:
+                cand = kept[j] + boundary_bytes[j]
+                if cand < kept[i]:
+                    kept[i], prev[i] = cand, j
+    for tail in range(n):  # tail start; smaller start = fewer recomputed layers
+        if kept[tail] + prefix[n] - prefix[tail] <= budget_bytes:
+            starts = [tail]
+            i = tail
+            while i > 0:
+                i = prev[i]
+                starts.append(i)
+            return sorted(set(starts))
+    raise ValueError(
+        f"no segmentation fits {budget_bytes:.4g} bytes: even one layer at a time needs "
+        f"{min(segment_peak_bytes(layer_bytes, boundary_bytes, list(range(n))), inf):.4g}"
+    )
+
 

@@ -8,20 +8,31 @@ check with a FAIL line within ``timeout_s``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from labsim.checks._core import Case, CheckFailed, close, run_check
+from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
+from labsim.parallel.data_parallel import (
+    DataParallelBucket,
+    TrapNet,
+    lm_loss,
+    make_tokens,
+    parameters_of,
+    serial_reference,
+    shard,
+)
 
 NPROCS = 2
+BATCH, STEPS, LR, INIT_SEED = 8, 3, 0.1, 1000
 TOL = close(rtol=1e-9, atol=1e-12)
 
 
 def _launch(title: str, n_cases: int, fn: Any, args: tuple, timeout_s: float) -> Any:
-    from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
-
     try:
         return launch(fn, NPROCS, args=args, timeout_s=timeout_s)
     except (LaunchTimeout, WorkerError) as exc:
@@ -55,8 +66,6 @@ def _check_outcomes(title: str, names: list[str], got: list[Any],
 
 
 def _serial(accumulate: int = 1) -> dict[str, Any]:
-    from labsim.lab.data_parallel import INIT_SEED, LR, batches
-    from labsim.parallel.data_parallel import serial_reference
 
     return serial_reference(INIT_SEED, batches(), lr=LR, accumulate=accumulate)
 
@@ -67,7 +76,6 @@ def naive_ddp(sync_parameters: Callable[[torch.nn.Module], None],
     """``sync_parameters(model)`` must make every replica equal to rank 0's;
     ``average_gradients(model)`` after backward must leave every rank with the gradient of
     the whole batch, so 2 ranks on 2 shards train exactly like one process on the batch."""
-    from labsim.lab.data_parallel import naive_worker
 
     title, n = "naive_ddp", 6
     _stub(title, n, lambda: sync_parameters(torch.nn.Linear(1, 1)))
@@ -96,7 +104,6 @@ def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) 
     bucket's all-reduce asynchronously during backward and
     ``finish_gradient_synchronization()`` waits before the optimizer step.  Tried with a
     bucket per parameter, a few buckets, and one bucket for everything."""
-    from labsim.lab.data_parallel import bucket_worker
 
     title = "bucketed_ddp"
     caps = (1.0, 600.0, 1e9)
@@ -113,8 +120,6 @@ def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) 
     got.append(out[0] or small["in_backward"] > 0 and small["async"] == small["calls"])
     got.append(out[2] or big["params"])
     got.append(out[0] or small["calls"])
-    from labsim.lab.data_parallel import STEPS
-    from labsim.parallel.data_parallel import TrapNet
 
     tensors = sum(p.requires_grad for p in TrapNet().parameters())
     exp = [ref["params"], (ref["losses"], 0.0)] * 2 + [True, ref["params"], tensors * STEPS]
@@ -133,7 +138,6 @@ def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
     over ``micro_batches`` (token tensors) with ``ddp.no_sync()`` on all but the last, the
     loss of each scaled by 1/k; returns the step's loss.  Must equal the big batch, with one
     all-reduce per bucket per step whatever k."""
-    from labsim.lab.data_parallel import accumulate_worker
 
     title, ks = "accumulation", (1, 2, 4)
     n = 6
@@ -154,3 +158,147 @@ def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
                   f"k={k}: losses equal the big batch",
                   f"k={k}: all-reduces per step = buckets (communication once per step)"]
     _check_outcomes(title, names, got, exp)
+
+
+# --------------------------------------------------------------------------------------
+# Worker drivers: run inside ``labsim.lab.launch`` workers with the learner's functions
+# shipped by value, train ``TrapNet`` (float64, so rounding cannot hide a bug) on shards of
+# fixed batches and return what the checks compare with ``serial_reference``.  Replicas start
+# from different seeds per rank on purpose: only a broadcast makes them equal.
+
+
+def batches(steps: int = STEPS, batch: int = BATCH) -> list[torch.Tensor]:
+    """The global batches every driver and the serial reference train on."""
+    return [make_tokens(100 + s, batch) for s in range(steps)]
+
+
+def _model(rank: int) -> nn.Module:
+    torch.manual_seed(INIT_SEED + rank)  # rank 0 starts like the serial reference
+    return TrapNet().double()
+
+
+def _global_mean(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t) / dist.get_world_size()
+
+
+def _spread(model: nn.Module) -> float:
+    """Largest difference between this rank's parameters and rank 0's."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    ref = flat.clone()
+    dist.broadcast(ref, 0)
+    return float((flat - ref).abs().max())
+
+
+def _guard(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        return NotImplementedError("the exercise raised NotImplementedError")
+    except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def naive_worker(rank: int, world: int, sync: Callable, average: Callable) -> dict[str, Any]:
+    """``sync(model)`` then SGD steps with ``average(model)`` after each backward."""
+    model = _model(rank)
+    out: dict[str, Any] = {}
+    res = _guard(sync, model)
+    out["spread_after_sync"] = res if isinstance(res, Exception) else _spread(model)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    losses = []
+    for b in batches():
+        loss = lm_loss(model, shard(b, rank, world))
+        loss.backward()
+        res = _guard(average, model)
+        if isinstance(res, Exception):
+            out["error"] = res
+            return out
+        opt.step()
+        opt.zero_grad()
+        losses.append(_global_mean(float(loss.detach())))
+    out.update(losses=losses, params=parameters_of(model), spread=_spread(model))
+    return out
+
+
+class _CountAllReduce:
+    """Count ``dist.all_reduce`` calls, how many were issued inside backward and how many
+    were asynchronous (patched on the module, so learner code calling it is seen)."""
+
+    def __init__(self) -> None:
+        self.calls = self.in_backward = self.asynchronous = 0
+        self.backward_running = False
+        self._orig = dist.all_reduce
+
+    def __enter__(self) -> _CountAllReduce:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            self.in_backward += self.backward_running
+            self.asynchronous += bool(kwargs.get("async_op", False))
+            return self._orig(*args, **kwargs)
+
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dist.all_reduce = self._orig
+
+
+def bucket_worker(rank: int, world: int, cls: Callable, caps: Sequence[float]) -> list[Any]:
+    """For each bucket cap: ``cls(model, cap)``, SGD steps with
+    ``finish_gradient_synchronization()`` before each optimizer step; all-reduces counted."""
+    out: list[Any] = []
+    for cap in caps:
+        model = _model(rank)
+        ddp = _guard(cls, model, cap)
+        if isinstance(ddp, Exception):
+            out.append(ddp)
+            continue
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+        losses = []
+        with _CountAllReduce() as count:
+            for b in batches():
+                loss = lm_loss(ddp, shard(b, rank, world))
+                count.backward_running = True
+                err = _guard(loss.backward)
+                count.backward_running = False
+                err = err or _guard(ddp.finish_gradient_synchronization)
+                if isinstance(err, Exception):
+                    break
+                opt.step()
+                opt.zero_grad()
+                losses.append(float(loss.detach()))
+        if isinstance(err, Exception):
+            out.append(err)
+            continue
+        out.append({"losses": [_global_mean(v) for v in losses],
+                    "params": parameters_of(model), "spread": _spread(model), "calls": count.calls,
+                    "in_backward": count.in_backward,
+                    "async": count.asynchronous})
+    return out
+
+
+def accumulate_worker(rank: int, world: int, fn: Callable, ks: Sequence[int],
+                      cap: float = 600.0) -> list[Any]:
+    """For each ``k``: ``fn(ddp, optimizer, micro_batches)`` per step on a
+    ``DataParallelBucket`` over this rank's shard cut into ``k`` micro-batches."""
+    out: list[Any] = []
+    for k in ks:
+        ddp = DataParallelBucket(_model(rank), bucket_cap_bytes=cap)
+        opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=LR)
+        losses, err = [], None
+        for b in batches():
+            before = ddp.n_allreduce
+            res = _guard(fn, ddp, opt, list(shard(b, rank, world).chunk(k)))
+            if isinstance(res, Exception):
+                err = res
+                break
+            losses.append(_global_mean(float(res)))
+            calls = ddp.n_allreduce - before
+        out.append(err if err is not None else {
+            "losses": losses, "params": parameters_of(ddp.module), "spread": _spread(ddp),
+            "calls_per_step": calls, "buckets": len(ddp.buckets)})
+    return out
+
+

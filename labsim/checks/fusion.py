@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from labsim.checks._core import Case, close, raises, run_check
-from labsim.lab.fusion import bias_gelu_dropout_residual, chain_inputs
+from labsim.experiments.fusion import bias_gelu_dropout_residual, chain_inputs
+from labsim.fusion import fit_launch_model
 from labsim.lab.profile import torch_calls
-from labsim.opmodel import fit_launch_model
 
 
 def _fused_compare(numel: int | None) -> Callable[[Any, Any], str | None]:

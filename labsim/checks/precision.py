@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from labsim.checks._core import Case, close, run_check
-from labsim.lab import precision as P
+from labsim.experiments import precision as P
 
 # (name, exponent bits, mantissa bits) of formats torch can store, to probe the answers.
 _FORMATS = (

@@ -7,15 +7,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from labsim.checks._core import Case, close, run_check
-from labsim.checks.data_parallel import _check_outcomes, _launch, _stub
+from labsim.checks.data_parallel import (
+    INIT_SEED,
+    _check_outcomes,
+    _guard,
+    _launch,
+    _spread,
+    _stub,
+    batches,
+)
+from labsim.lab.memory import optimizer_state_bytes, tensor_bytes
 from labsim.memory import training_memory
+from labsim.parallel.data_parallel import (
+    TrapNet,
+    broadcast_parameters,
+    lm_loss,
+    parameters_of,
+    shard,
+)
 
 
 def sharded_adam(cls: Callable[..., Any], timeout_s: float = 120.0) -> None:
     """``cls(params, lr)`` with ``step()``, ``zero_grad()`` and ``state_tensors()``: trains
     exactly like unsharded Adam on the whole batch and holds about 1/N of Adam's state."""
-    from labsim.lab.zero import serial_adam, zero1_worker
 
     title, n = "sharded_adam", 6
     _stub(title, n, lambda: cls([], 0.1))
@@ -74,3 +92,51 @@ def comm_volume(fn: Callable[[float, int, int], float]) -> None:
 
     cases = [Case(name, (p, n, s), expected=reference(p, n, s)) for name, p, n, s in specs]
     run_check("comm_volume", fn, cases, compare=close(rtol=1e-9))
+
+
+LR = 0.05
+
+
+def serial_adam(lr: float = LR) -> dict[str, Any]:
+    """One process, whole batches, ``torch.optim.Adam``: the oracle of the ZeRO-1 check."""
+    torch.manual_seed(INIT_SEED)
+    model = TrapNet().double()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for b in batches():
+        loss = lm_loss(model, b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "params": parameters_of(model),
+            "state_bytes": optimizer_state_bytes(opt)}
+
+
+def zero1_worker(rank: int, world: int, cls: Callable[..., Any]) -> dict[str, Any]:
+    """Train with ``cls(trainable_params, lr=LR)``: ``step()`` reduces the gradients, updates
+    this rank's shard and all-gathers; ``state_tensors()`` lists the Adam state held here."""
+    torch.manual_seed(INIT_SEED + rank)
+    model = TrapNet().double()
+    broadcast_parameters(model)
+    opt = _guard(cls, [p for p in model.parameters() if p.requires_grad], LR)
+    if isinstance(opt, Exception):
+        return {"error": opt}
+    losses = []
+    for b in batches():
+        loss = lm_loss(model, shard(b, rank, world))
+        loss.backward()
+        err = _guard(opt.step)
+        if isinstance(err, Exception):
+            return {"error": err}
+        _guard(opt.zero_grad)
+        for p in model.parameters():
+            p.grad = None
+        t = loss.detach().reshape(1).clone()
+        dist.all_reduce(t)
+        losses.append(float(t) / world)
+    state = _guard(opt.state_tensors)
+    return {"losses": losses, "params": parameters_of(model), "spread": _spread(model),
+            "state_bytes": state if isinstance(state, Exception) else tensor_bytes(state)}
+
+

@@ -8,12 +8,14 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS: dict[str, str] = {
-    "collective": "simulate one collective: time, algbw, busbw, trace",
-    "grade": "grade submitted notebooks of one lab: CSV of scores + feedback per learner",
-    "hardware": "list the hardware catalog",
-    "release": "regenerate labs/ from solutions/ (--check: fail if stale)",
-    "simulate": "simulate one training step from a TOML/JSON config; print a summary",
+# command -> (module in this package, named by its topic; one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "collective": ("collectives", "simulate one collective: time, algbw, busbw, trace"),
+    "grade": ("grade", "grade submitted notebooks of one lab: CSV of scores + feedback per "
+                       "learner"),
+    "hardware": ("hardware", "list the hardware catalog"),
+    "release": ("release", "regenerate labs/ from solutions/ (--check: fail if stale)"),
+    "simulate": ("step", "simulate one training step from a TOML/JSON config; print a summary"),
 }
 
 
@@ -23,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="The GPU training-acceleration lab: simulator and course tools.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_text in SUBCOMMANDS.items():
-        module = importlib.import_module(f"labsim.cli.{name}")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(f"labsim.cli.{module_name}")
         p = sub.add_parser(name, help=help_text, description=module.__doc__)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

@@ -1,10 +1,17 @@
-"""Helpers for the real PyTorch exercises: device choice, synchronised timing, memory meters,
-a launcher for multi-process workers, tiny models and synthetic data."""
+"""Infrastructure for the real PyTorch exercises: device and dtype choice, synchronised timing
+(``device``), memory meters (``memory``), a launcher for multi-process workers (``launcher``
+and its child process ``worker``), an op recorder (``profile``), the small models the labs
+train (``models``) and synthetic data (``datasets``).
 
-from labsim.lab.device import Timing, device_name, pick_device, synchronize, time_fn
-from labsim.lab.gpt import GPT, random_batch
+Nothing here is an exercise's solution: references live beside their checks in
+``labsim.checks``, measurements a lab shows in ``labsim.experiments``.
+"""
+
+from labsim.lab.datasets import random_batch
+from labsim.lab.device import Timing, device_name, pick_device, synchronize, time_fn, torch_dtype
 from labsim.lab.launcher import LaunchResult, LaunchTimeout, WorkerError, free_port, launch
 from labsim.lab.memory import (
+    LiveBytes,
     MemoryMeter,
     grad_bytes,
     optimizer_state_bytes,
@@ -12,11 +19,13 @@ from labsim.lab.memory import (
     saved_activation_bytes,
     tensor_bytes,
 )
+from labsim.lab.models import GPT
 
 __all__ = [
     "GPT",
     "LaunchResult",
     "LaunchTimeout",
+    "LiveBytes",
     "MemoryMeter",
     "Timing",
     "WorkerError",
@@ -32,4 +41,5 @@ __all__ = [
     "synchronize",
     "tensor_bytes",
     "time_fn",
+    "torch_dtype",
 ]

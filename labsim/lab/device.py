@@ -100,3 +100,24 @@ def time_fn(
         if max_seconds is not None and time.perf_counter() - start_all > max_seconds:
             break
     return Timing(tuple(times))
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp64": torch.float64,
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp8-e5m2": torch.float8_e5m2,
+}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bf16"`` -> ``torch.bfloat16``; a ``torch.dtype`` passes through."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.lower()
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+

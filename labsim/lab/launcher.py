@@ -16,7 +16,7 @@ arguments and the notebook globals it uses are shipped by value with cloudpickle
 
 The same workers run under torchrun on a real node, with no launcher involved::
 
-    torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.lab.collectives:ring_allreduce_demo
+    torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.checks.collectives.reference:demo
 
 Each launch costs seconds (every worker imports torch): batch a lab's real runs into few
 launches.  In a notebook::
@@ -54,6 +54,23 @@ import cloudpickle
 __all__ = ["LaunchResult", "LaunchTimeout", "WorkerError", "free_port", "launch"]
 
 EXIT_GRACE_S = 10.0  # seconds a worker may take to exit after writing its result
+ERROR_SETTLE_S = 2.0  # seconds the other ranks get to report after one rank failed
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """What one rank reports to the launcher: its return value, or the error it raised.
+
+    ``finished_at`` is the wall clock (``time.time()``) when the call returned or raised: when
+    several ranks fail, the earliest failure is the cause and the others are its echoes (a
+    rank whose peer died fails in its next collective).
+    """
+
+    ok: bool
+    value: Any = None
+    exc_type: str = ""
+    traceback: str = ""
+    finished_at: float = 0.0
 
 
 class WorkerError(RuntimeError):
@@ -179,19 +196,31 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
             _wait(procs, results, logs, start, timeout_s)
         finally:
             _kill(procs)
-        outcomes = [pickle.loads(p.read_bytes()) for p in results]
-        return LaunchResult(tuple(o["value"] for o in outcomes),
+        outcomes = [_read(p) for p in results]
+        return LaunchResult(tuple(o.value for o in outcomes),
                             tuple(_tail(lg, 100_000) for lg in logs), backend,
                             time.perf_counter() - start)
 
 
-def _first_error(results: Sequence[Path]) -> tuple[int, dict] | None:
-    for rank, path in enumerate(results):
-        if path.exists():
-            outcome = pickle.loads(path.read_bytes())
-            if not outcome["ok"]:
-                return rank, outcome
-    return None
+def _read(path: Path) -> WorkerOutcome:
+    outcome = pickle.loads(path.read_bytes())
+    if not isinstance(outcome, WorkerOutcome):
+        raise TypeError(f"{path}: not a worker outcome ({type(outcome).__name__})")
+    return outcome
+
+
+def _first_error(results: Sequence[Path]) -> tuple[int, WorkerOutcome] | None:
+    """The rank whose failure came first, and its outcome (None while no rank failed)."""
+    failed = [(rank, _read(path)) for rank, path in enumerate(results) if path.exists()]
+    failed = [(rank, o) for rank, o in failed if not o.ok]
+    return min(failed, key=lambda ro: (ro[1].finished_at, ro[0]), default=None)
+
+
+def _settle(procs: Sequence[subprocess.Popen], seconds: float) -> None:
+    """Wait up to ``seconds`` for every process to exit."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.02)
 
 
 def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
@@ -205,8 +234,11 @@ def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequ
         codes = [p.poll() for p in procs]
         error = _first_error(results)
         if error is not None:
-            rank, outcome = error
-            raise WorkerError(rank, outcome["traceback"], outcome["exc_type"])
+            # a failure makes its peers fail too (a collective with a dead rank): give them a
+            # moment to report, then blame the rank that failed first
+            _settle(procs, ERROR_SETTLE_S)
+            rank, outcome = _first_error(results) or error
+            raise WorkerError(rank, outcome.traceback, outcome.exc_type)
         if all_written is None and all(r.exists() for r in results):
             all_written = time.perf_counter()
         if all_written is not None and time.perf_counter() - all_written > EXIT_GRACE_S:

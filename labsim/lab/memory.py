@@ -26,10 +26,13 @@ What it counts:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from labsim.memory import MemoryBreakdown
 
@@ -171,3 +174,42 @@ def saved_activation_bytes(fn: Any, *args: Any, model: torch.nn.Module | None = 
         out = fn(*args, **kwargs)
     del out
     return meter.saved_bytes
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of tensor storages created inside the mode and still alive, and their peak.
+
+    Storages that alias an input of the op (views, in-place results) are not new memory and
+    are not counted; tensors made before the mode (weights, the batch) are never counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            id(a.untyped_storage())
+            for a in tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor)
+        }
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = id(storage)
+            if key in inputs or key in self._sizes:
+                continue
+            self._sizes[key] = storage.nbytes()
+            self.live += storage.nbytes()
+            weakref.finalize(storage, self._free, key)
+            self.peak = max(self.peak, self.live)
+        return out
+
+

@@ -25,6 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from labsim.lab.launcher import WorkerOutcome
+
 
 def resolve(spec: str) -> Any:
     """'package.module:function' -> the function."""
@@ -45,13 +47,14 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _write(path: Path, outcome: dict) -> None:
+def _write(path: Path, outcome: WorkerOutcome) -> None:
     tmp = path.with_suffix(".tmp")
     try:
         data = pickle.dumps(outcome)
     except Exception as exc:  # noqa: BLE001 - an unpicklable return value is the learner's
-        data = pickle.dumps({"ok": False, "exc_type": type(exc).__name__,
-                             "traceback": f"the return value could not be pickled: {exc}"})
+        data = pickle.dumps(WorkerOutcome(
+            False, exc_type=type(exc).__name__, finished_at=outcome.finished_at,
+            traceback=f"the return value could not be pickled: {exc}"))
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -83,23 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     fn = resolve(call["fn"]) if isinstance(call["fn"], str) else call["fn"]
     if backend == "nccl":
         torch.cuda.set_device(local)
-    outcome: dict[str, Any]
     try:
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=float(call["timeout_s"])))
         value = fn(rank, world, *call["args"], **call["kwargs"])
-        outcome = {"ok": True, "value": value}
+        outcome = WorkerOutcome(True, value, finished_at=time.time())
     except BaseException as exc:  # noqa: BLE001 - report everything to the launcher
-        outcome = {"ok": False, "exc_type": type(exc).__name__,
-                   "traceback": traceback.format_exc()}
+        outcome = WorkerOutcome(False, exc_type=type(exc).__name__,
+                                traceback=traceback.format_exc(), finished_at=time.time())
     sys.stdout.flush()
     if args.result:
         _write(Path(args.result), outcome)
     else:
         # torchrun mode is a program: its output is each rank's result
-        sys.stdout.write(f"rank {rank}: {outcome.get('value', outcome.get('traceback'))!r}\n")
+        shown = outcome.value if outcome.ok else outcome.traceback
+        sys.stdout.write(f"rank {rank}: {shown!r}\n")
         sys.stdout.flush()
-    if not outcome["ok"]:
+    if not outcome.ok:
         os._exit(1)  # do not wait in a collective for ranks that may never come
     dist.destroy_process_group()
     return 0

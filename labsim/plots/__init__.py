@@ -4,18 +4,18 @@ Every function returns a ``matplotlib.figure.Figure`` and never calls ``plt.show
 ``ax=`` to draw into an existing axes.
 """
 
+from labsim.plots.checkpointing import recompute_tradeoff
 from labsim.plots.collectives import busbw_curves
 from labsim.plots.data_parallel import bucket_curve, scaling_curves, zero_bars
-from labsim.plots.gantt import gantt
-from labsim.plots.links import link_utilisation
-from labsim.plots.loss_scaling import loss_scaling_run
+from labsim.plots.loading import sweep_figure, utilisation_timeline
 from labsim.plots.memory import memory_bars
+from labsim.plots.network import link_utilisation
 from labsim.plots.pipeline import pipeline_gantt
+from labsim.plots.precision import loss_scaling_run
 from labsim.plots.quantization import int8_decode
-from labsim.plots.recompute import recompute_tradeoff
 from labsim.plots.roofline import roofline
-from labsim.plots.scaling import scaling
-from labsim.plots.utilisation import sweep_figure, utilisation_timeline
+from labsim.plots.series import scaling
+from labsim.plots.trace import gantt
 
 __all__ = sorted(name for name in dir() if not name.startswith("_")
                  and callable(globals()[name]))

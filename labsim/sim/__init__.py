@@ -14,10 +14,10 @@ from labsim.sim.collectives import (
     simulate_collective,
     start_collective,
 )
-from labsim.sim.dataloader import LoaderResult, simulate_dataloader
-from labsim.sim.decode import DecodeResult, simulate_decode_step
-from labsim.sim.launch import LaunchRun, simulate_chain
+from labsim.sim.fusion import LaunchRun, simulate_chain
+from labsim.sim.loading import LoaderResult, simulate_dataloader
 from labsim.sim.network import Network
+from labsim.sim.quantization import DecodeResult, simulate_decode_step
 
 __all__ = sorted(name for name in dir() if not name.startswith("_")
                  and callable(globals()[name]))

@@ -25,8 +25,8 @@ import numpy as np
 import simpy
 
 from labsim.cluster import Cluster
-from labsim.collective_schedule import PIPELINE_BYTES, Step, normalize, schedule
-from labsim.collectives import _ranks, algbw, busbw_factor
+from labsim.collectives.cost import algbw, busbw_factor, group_ranks
+from labsim.collectives.schedule import PIPELINE_BYTES, Step, normalize, schedule
 from labsim.sim.network import Network
 from labsim.trace import Trace
 from labsim.units import fmt_bandwidth, fmt_bytes, fmt_time
@@ -173,7 +173,7 @@ def simulate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str
     ``ranks``: None for every GPU, an int n for ranks 0..n-1, or a list of ranks.  Alone on
     one node with one ring this equals ``collective_time`` to rounding error.
     """
-    group = _ranks(cluster, ranks)
+    group = group_ranks(cluster, ranks)
     op, algo = normalize(op, algorithm, len(group), nbytes)
     if detail not in DETAILS:
         raise ValueError(f"detail must be one of {DETAILS}, got {detail!r}")

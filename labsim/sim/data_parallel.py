@@ -1,126 +1,69 @@
-"""Data-parallel gradient reduction and ZeRO traffic of a training step (values + timing).
+"""Data-parallel studies over ``simulate_step``: exposed communication, bucket size, scaling.
 
-Closed-form ring collectives from ``labsim.collectives`` placed on a per-stage communication
-stream: buckets of ``bucket_bytes`` become ready as the last backward of a model chunk walks
-its layers in reverse (``overlap_grad_reduce``) or all at the end; ZeRO-1/2 reduce-scatter the
-gradients and all-gather the updated parameters after the optimizer step (Rajbhandari et al.
-2020).  ``group_link`` gives the link a ring over a rank group runs at.
+* ``exposed_comm_s``: the part of a step's gradient communication that compute did not hide,
+  step time minus stage 0's compute and optimizer time (pipeline depth 1).
+* ``bucket_sweep``: exposed communication against the DDP bucket size.  Too small: every
+  bucket pays the ring's 2(N-1) latencies; too large: the last bucket, ready only when
+  backward ends, carries most of the bytes and nothing is left to overlap it with.
+* ``dp_scaling``: scaling efficiency T(1) N / T(N) ... as tokens/s(N) / (N tokens/s(1)) for
+  a fixed per-GPU batch (weak scaling), with ``accumulation`` micro-batches per step.
+* ``flat_cluster``: N GPUs all joined by one kind of link (a single "node" of N GPUs on
+  ``link``), to compare NVLink with InfiniBand at the same GPU count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from labsim import compute
 from labsim.cluster import Cluster
-from labsim.collectives import collective_time
-from labsim.hardware import GPU, Link
 from labsim.plan import Plan
-from labsim.sim.pipeline import ChunkCost
+from labsim.sim.step import StepResult, simulate_step
+from labsim.workload import Transformer
 
-_WIRE_FACTOR = {"allreduce": 2.0, "reduce_scatter": 1.0, "allgather": 1.0}
-
-
-def collective_s(op: str, nbytes: float, n: int, link: Link) -> float:
-    """Closed-form ring collective time (``labsim.collectives``); zero for a group of one."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return collective_time(op, int(round(nbytes)), n, link)
+__all__ = ["bucket_sweep", "dp_scaling", "exposed_comm_s", "flat_cluster"]
 
 
-def wire_bytes(op: str, nbytes: float, n: int) -> float:
-    """Bytes each GPU sends in a ring collective of an ``nbytes`` buffer over ``n`` GPUs."""
-    return _WIRE_FACTOR[op] * (n - 1) / n * nbytes if n > 1 else 0.0
+def exposed_comm_s(result: StepResult) -> float:
+    """Seconds of the step not covered by stage 0's compute or optimizer (pp = 1 plans)."""
+    busy = sum(v for k, v in result.breakdown.items() if k != "comm")
+    return max(0.0, result.step_time_s - busy)
 
 
-def node_link(cluster: Cluster) -> Link:
-    """The inter-node link as one GPU sees it: its share of the node's NICs."""
-    share = min(1.0, cluster.nics_per_node / cluster.gpus_per_node)
-    lk = cluster.inter_node
-    return replace(lk, bandwidth_Bps=lk.bandwidth_Bps * share) if share < 1 else lk
+def bucket_sweep(model: Transformer, cluster: Cluster, plan: Plan,
+                 bucket_bytes: Sequence[float]) -> list[dict[str, float]]:
+    """For each bucket size: step time, total and exposed communication seconds."""
+    rows = []
+    for b in bucket_bytes:
+        r = simulate_step(model, cluster, replace(plan, bucket_bytes=float(b)), memory=False)
+        rows.append({"bucket_bytes": float(b), "step_s": r.step_time_s,
+                     "comm_s": r.breakdown.get("comm", 0.0), "exposed_s": exposed_comm_s(r)})
+    return rows
 
 
-def group_link(cluster: Cluster, size: int, stride: int) -> Link:
-    """The link a ring over ``size`` GPUs whose ranks are ``stride`` apart runs at.
-
-    Inside one node: the intra-node link.  Across nodes: NCCL runs one ring channel per NIC
-    the group's GPUs in a node use, so the inter-node bandwidth is that many NICs (capped by
-    the intra-node link).  Equals ``labsim.collectives.collective_time_on`` on the group's
-    ranks for ring collectives (tested) at O(1) cost, so the cost of simulating a step does
-    not grow with dp.
-    """
-    g = cluster.gpus_per_node
-    if (size - 1) * stride + 1 <= g:
-        return cluster.intra_node
-    local = list(range(0, g, stride))[:size] if stride < g else [0]
-    nics = len({i * cluster.nics_per_node // g for i in local})
-    inter = cluster.inter_node
-    cap = cluster.intra_node.achieved_Bps / inter.nccl_efficiency
-    return replace(inter, bandwidth_Bps=min(nics * inter.bandwidth_Bps, cap))
+def flat_cluster(gpu: str, n: int, link: str) -> Cluster:
+    """``n`` GPUs in one switch domain where every pair talks over ``link``."""
+    return Cluster(gpu, 1, n, link, link, name=f"{n}x{gpu} all on {link}")
 
 
-def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost], stats: list[dict],
-                      gpu: GPU, spans: list) -> list[float]:
-    """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
-
-    Buckets of a chunk become ready as its last backward walks the layers in reverse (overlap)
-    or all at the stage's last backward (no overlap); one communication stream per stage runs
-    them in order.  ZeRO-1/2 reduce-scatter instead of all-reduce and all-gather the updated
-    parameters after the optimizer; ZeRO-3 reduced its gradients inside backward already.
-    """
-    p, dp = plan.pp, plan.dp
-    link = group_link(cluster, dp, plan.tp)
-    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
-    shard = dp if plan.zero_stage >= 1 else 1
-    ends = []
-    for s in range(p):
-        st = stats[s]
-        free = st["last"]
-        comm_free = 0.0
-        params = 0.0
-        for g, (b_start, b_end) in sorted(st["last_bwd"].items(), key=lambda kv: kv[1]):
-            c = chunks[g]
-            params += c.param_bytes / plan.bytes_per_element
-            if plan.zero_stage == 3 or dp == 1:
-                continue
-            n_buckets = max(1, int(-(-c.grad_bytes // plan.bucket_bytes)))
-            size = c.grad_bytes / n_buckets
-            t_bucket = collective_s(op, size, dp, link)
-            for k in range(n_buckets):
-                if plan.overlap_grad_reduce:
-                    ready = b_start + (b_end - b_start) * (k + 1) / n_buckets
-                else:
-                    ready = st["last"]
-                start = max(ready, comm_free)
-                comm_free = start + t_bucket
-                spans.append((s, "dp", "comm", start, comm_free, [
-                    f"{op} bucket {k} chunk {g}", size,
-                    {"wire_bytes": wire_bytes(op, size, dp), "op": op}]))
-        t0 = max(free, comm_free)
-        t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
-        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ["optimizer step", 0.0, {}]))
-        end = t0 + t_opt
-        if plan.zero_stage in (1, 2) and dp > 1:
-            nbytes = params * plan.bytes_per_element
-            t_ag = collective_s("allgather", nbytes, dp, link)
-            spans.append((s, "dp", "comm", end, end + t_ag, [
-                "allgather parameters", nbytes,
-                {"wire_bytes": wire_bytes("allgather", nbytes, dp), "op": "allgather"}]))
-            end += t_ag
-        ends.append(end)
-    return ends
-
-
-def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list) -> None:
-    """Record ZeRO-3's per-micro-batch traffic (all-gather before forward and before backward,
-    reduce-scatter after backward) as zero-length accounting spans on stage 0's dp stream."""
-    if plan.zero_stage != 3 or plan.dp == 1:
-        return
-    nbytes = sum(c.param_bytes for c in chunks)
-    for i in range(plan.microbatches):
-        for op in ("allgather", "allgather", "reduce_scatter"):
-            spans.append((0, "dp", "comm", 0.0, 0.0, [
-                f"ZeRO-3 {op} mb {i}", nbytes,
-                {"wire_bytes": wire_bytes(op, nbytes, plan.dp), "op": op}]))
-
-
+def dp_scaling(model: Transformer, clusters: Sequence[Cluster], *, micro_batch: int = 1,
+               accumulation: int = 1, overlap: bool = True,
+               bucket_bytes: float = 25e6) -> list[dict[str, float]]:
+    """Weak scaling of data parallelism: each cluster's GPUs all in dp, ``micro_batch`` x
+    ``accumulation`` sequences per GPU per step.  Efficiency = tokens/s / (N x tokens/s of
+    one GPU running the same per-GPU work)."""
+    rows = []
+    base: float | None = None
+    for c in clusters:
+        n = c.world_size
+        plan = Plan(dp=n, micro_batch=micro_batch, global_batch=n * micro_batch * accumulation,
+                    overlap_grad_reduce=overlap, bucket_bytes=bucket_bytes)
+        r = simulate_step(model, c, plan, memory=False)
+        if base is None:
+            one = replace(c, nodes=1, gpus_per_node=1, nics_per_node=1, name="one GPU")
+            solo = simulate_step(model, one, replace(plan, dp=1, global_batch=micro_batch *
+                                                     accumulation), memory=False)
+            base = solo.tokens_per_s
+        rows.append({"gpus": n, "tokens_per_s": r.tokens_per_s, "step_s": r.step_time_s,
+                     "efficiency": r.tokens_per_s / (n * base), "exposed_s": exposed_comm_s(r)})
+    return rows

@@ -1,6 +1,6 @@
 """Flows over a cluster's links, executed in simpy, with max-min fair sharing.
 
-A *bundle* is the set of transfers of one collective step (``labsim.collective_schedule``):
+A *bundle* is the set of transfers of one collective step (``labsim.collectives.schedule``):
 they start together, wait the step's latency (alpha), then move their bytes at max-min fair
 rates over the pipes they cross (``labsim.cluster``: one pipe per link direction; two flows on
 one direction get half each, opposite directions do not interact).  Whenever a bundle starts
@@ -22,8 +22,8 @@ import numpy as np
 import simpy
 
 from labsim.cluster import Cluster, maxmin_rates
-from labsim.collective_schedule import Pattern, Step
 from labsim.collectives import PatternRates
+from labsim.collectives.schedule import Pattern, Step
 
 
 @dataclass(eq=False)

@@ -1,6 +1,6 @@
 """The pipeline engine: stages as simpy processes executing schedules given as data.
 
-``run_pipeline`` executes the per-stage op lists of ``labsim.parallel.pipeline`` on ``p``
+``run_pipeline`` executes the per-stage op lists of ``labsim.pipeline`` on ``p``
 stages whose ops last what a ``ChunkCost`` says: an op waits for its input message (the
 activation from the previous model chunk, or the gradient from the next), then computes, then
 sends its output point to point; messages on one link direction go one at a time.  A message's
@@ -19,7 +19,7 @@ from functools import cached_property
 
 import simpy
 
-from labsim.parallel.pipeline import Op, make_schedule, max_in_flight
+from labsim.pipeline import Op, make_schedule, max_in_flight
 from labsim.trace import Trace
 
 

@@ -2,7 +2,7 @@
 
 ``simulate_step(model, cluster, plan)`` runs one data-parallel replica (replicas are identical,
 so the cost of simulating does not grow with ``dp``) as a simpy process per pipeline stage
-(``labsim.sim.pipeline``).  Each stage executes its op list from ``labsim.parallel.pipeline``:
+(``labsim.sim.pipeline``).  Each stage executes its op list from ``labsim.pipeline``:
 
 * a forward or backward op lasts its chunk's compute (``labsim.compute``) plus the blocking
   tensor-parallel collectives of its layers (Megatron-LM: two all-reduces per layer forward and
@@ -18,7 +18,7 @@ they are reduced over the data-parallel group in ``bucket_bytes`` buckets on a c
 stream, overlapped with the rest of backward when ``overlap_grad_reduce`` (buckets complete as
 backward walks the layers in reverse), otherwise after the stage's last backward.  ZeRO-1/2
 reduce-scatter the gradients and all-gather the updated parameters after the optimizer step
-(``labsim.sim.data_parallel``).
+(``reduce_gradients``).
 
 Simplifications (stated so the numbers can be judged): collectives of different groups do not
 contend for links; the optimizer step and the all-gather after it are not overlapped; the
@@ -36,17 +36,10 @@ from functools import cached_property
 
 from labsim import compute
 from labsim.cluster import Cluster
+from labsim.collectives.cost import collective_s, group_link, wire_bytes
 from labsim.hardware import GPU
-from labsim.hardware import gpu as lookup_gpu
 from labsim.memory import MemoryBreakdown, stage_params, training_memory
 from labsim.plan import Plan
-from labsim.sim.data_parallel import (
-    collective_s,
-    group_link,
-    node_link,
-    reduce_gradients,
-    zero3_traffic,
-)
 from labsim.sim.pipeline import ChunkCost, build_trace, run_pipeline, time_by_kind
 from labsim.trace import Trace
 from labsim.workload import Transformer
@@ -182,8 +175,8 @@ def _p2p_time(cluster: Cluster, plan: Plan, model: Transformer, src: int, dst: i
     e = plan.bytes_per_element
     nbytes = plan.micro_batch * int(model.seq_len) * int(model.hidden) * e / plan.tp
     stride = plan.tp * plan.dp  # Megatron rank order: tp fastest, then dp, then pp
-    same_node = (src * stride) // cluster.gpus_per_node == (dst * stride) // cluster.gpus_per_node
-    lk = cluster.intra_node if same_node else node_link(cluster)
+    same = cluster.same_node_ranks(src * stride, dst * stride)
+    lk = cluster.intra_node if same else cluster.nic_link_per_gpu
     return lk.latency_s + nbytes / lk.achieved_Bps
 
 
@@ -213,9 +206,9 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     """Simulate one optimizer step of ``model`` (a ``labsim.Transformer``) on ``cluster``
     (a ``labsim.Cluster``) under ``plan``; see the module docstring for what is modelled.
     ``memory=False`` skips the memory estimate (``StepResult.memory`` is then None)."""
-    gpus = int(cluster.nodes) * int(cluster.gpus_per_node)
+    gpus = cluster.world_size
     plan.validate_for(model, gpus)
-    gpu = lookup_gpu(cluster.gpu)
+    gpu = cluster.gpu
     chunks = _chunk_costs(model, plan, gpu, cluster)
     p = plan.pp
     p2p = {}
@@ -253,3 +246,70 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         breakdown=time_by_kind(spans, 0),
         spans=spans,
     )
+
+
+def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost], stats: list[dict],
+                      gpu: GPU, spans: list) -> list[float]:
+    """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
+
+    Buckets of a chunk become ready as its last backward walks the layers in reverse (overlap)
+    or all at the stage's last backward (no overlap); one communication stream per stage runs
+    them in order.  ZeRO-1/2 reduce-scatter instead of all-reduce and all-gather the updated
+    parameters after the optimizer; ZeRO-3 reduced its gradients inside backward already.
+    """
+    p, dp = plan.pp, plan.dp
+    link = group_link(cluster, dp, plan.tp)
+    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
+    shard = dp if plan.zero_stage >= 1 else 1
+    ends = []
+    for s in range(p):
+        st = stats[s]
+        free = st["last"]
+        comm_free = 0.0
+        params = 0.0
+        for g, (b_start, b_end) in sorted(st["last_bwd"].items(), key=lambda kv: kv[1]):
+            c = chunks[g]
+            params += c.param_bytes / plan.bytes_per_element
+            if plan.zero_stage == 3 or dp == 1:
+                continue
+            n_buckets = max(1, int(-(-c.grad_bytes // plan.bucket_bytes)))
+            size = c.grad_bytes / n_buckets
+            t_bucket = collective_s(op, size, dp, link)
+            for k in range(n_buckets):
+                if plan.overlap_grad_reduce:
+                    ready = b_start + (b_end - b_start) * (k + 1) / n_buckets
+                else:
+                    ready = st["last"]
+                start = max(ready, comm_free)
+                comm_free = start + t_bucket
+                spans.append((s, "dp", "comm", start, comm_free, [
+                    f"{op} bucket {k} chunk {g}", size,
+                    {"wire_bytes": wire_bytes(op, size, dp), "op": op}]))
+        t0 = max(free, comm_free)
+        t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
+        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ["optimizer step", 0.0, {}]))
+        end = t0 + t_opt
+        if plan.zero_stage in (1, 2) and dp > 1:
+            nbytes = params * plan.bytes_per_element
+            t_ag = collective_s("allgather", nbytes, dp, link)
+            spans.append((s, "dp", "comm", end, end + t_ag, [
+                "allgather parameters", nbytes,
+                {"wire_bytes": wire_bytes("allgather", nbytes, dp), "op": "allgather"}]))
+            end += t_ag
+        ends.append(end)
+    return ends
+
+
+def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list) -> None:
+    """Record ZeRO-3's per-micro-batch traffic (all-gather before forward and before backward,
+    reduce-scatter after backward) as zero-length accounting spans on stage 0's dp stream."""
+    if plan.zero_stage != 3 or plan.dp == 1:
+        return
+    nbytes = sum(c.param_bytes for c in chunks)
+    for i in range(plan.microbatches):
+        for op in ("allgather", "allgather", "reduce_scatter"):
+            spans.append((0, "dp", "comm", 0.0, 0.0, [
+                f"ZeRO-3 {op} mb {i}", nbytes,
+                {"wire_bytes": wire_bytes(op, nbytes, plan.dp), "op": op}]))
+
+

@@ -7,7 +7,7 @@ The memory explorer also shows a PNG of its figure to front ends that cannot run
 
 from labsim.widgets.collectives import collectives_figure, explore_collectives
 from labsim.widgets.data_parallel import dp_step_figure, explore_data_parallel
-from labsim.widgets.dataloader import dataloader_figure, explore_dataloader
+from labsim.widgets.loading import dataloader_figure, explore_dataloader
 from labsim.widgets.memory import memory_explorer, memory_figure
 from labsim.widgets.zero import explore_zero, zero_figure
 

@@ -13,8 +13,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from labsim.cluster import PRESETS, cluster
-from labsim.collective_schedule import ALGORITHMS
 from labsim.collectives import busbw, collective_time_on
+from labsim.collectives.schedule import ALGORITHMS
 from labsim.plots.collectives import busbw_curves
 from labsim.units import fmt_bandwidth, fmt_bytes, fmt_time
 

@@ -1,6 +1,6 @@
 """Explore a data-parallel step: model, cluster, GPUs, bucket size, overlap, accumulation.
 
-``dp_step_figure`` is the pure function (``simulate_step`` drawn by ``labsim.plots.gantt``,
+``dp_step_figure`` is the pure function (``simulate_step`` drawn by ``labsim.plots.trace``,
 with the step's exposed communication in the title); ``explore_data_parallel`` wraps it.
 """
 
@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 
 from labsim.cluster import cluster
 from labsim.plan import Plan
-from labsim.plots.gantt import gantt
-from labsim.sim.dp_scaling import exposed_comm_s
+from labsim.plots.trace import gantt
+from labsim.sim.data_parallel import exposed_comm_s
 from labsim.sim.step import simulate_step
 from labsim.workload import Transformer
 

@@ -1,0 +1,97 @@
+"""Checks for the data-loading lab: timing a training loop, predicting the busy fraction.
+
+``time_loop`` runs the learner's loop timer on scripted loaders with a fake clock, so every
+case is exact and instant: the loader advances the clock when it hands over a batch, the step
+when it launches work, ``sync`` when it waits for an asynchronous device to finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from labsim.checks._core import Case, close, run_check
+from labsim.experiments.loading import time_loop as reference_time_loop
+from labsim.loading import loader_busy_fraction
+
+
+class _Script:
+    """A fake clock, loader, step and sync that advance time as scripted."""
+
+    def __init__(self, waits: Sequence[float], launch: Sequence[float],
+                 finish: Sequence[float], tail_s: float = 0.0) -> None:
+        self.t = 100.0
+        self.waits, self.launch, self.finish, self.tail_s = waits, launch, finish, tail_s
+        self.steps = 0
+
+    def clock(self) -> float:
+        return self.t
+
+    def batches(self) -> Iterator[int]:
+        for i, w in enumerate(self.waits):
+            self.t += w
+            yield i
+        self.t += self.tail_s  # shutting workers down after the last batch
+
+    def step(self, batch: Any) -> None:
+        self.t += self.launch[batch]
+        self.steps += 1
+
+    def sync(self) -> None:
+        if self.steps:
+            self.t += self.finish[self.steps - 1]
+            self.finish = list(self.finish)
+            self.finish[self.steps - 1] = 0.0  # a second sync finds nothing left to wait for
+
+
+def _loop_case(name: str, waits: Sequence[float], launch: Sequence[float],
+               finish: Sequence[float] | None = None, tail_s: float = 0.0) -> Case:
+    finish = finish if finish is not None else [0.0] * len(waits)
+    ref = _Script(waits, launch, finish, tail_s)
+    expected = reference_time_loop(ref.batches(), ref.step, sync=ref.sync, clock=ref.clock)
+    return Case(name, args=(waits, launch, finish, tail_s), expected=list(expected))
+
+
+def time_loop(fn: Callable[..., Any]) -> None:
+    """``fn(batches, step, sync=..., clock=...) -> (wait_s, step_s)`` on scripted loaders."""
+    cases = [
+        _loop_case("three batches, the second one late", [0.5, 0.0, 2.0], [1.0, 1.0, 1.0]),
+        _loop_case("no batches at all", [], []),
+        _loop_case("one batch already waiting", [0.0], [0.25]),
+        _loop_case("asynchronous device: the step returns before its work is done",
+                   [0.1, 0.3, 0.0, 0.2], [0.001, 0.001, 0.002, 0.001],
+                   [0.8, 0.8, 1.6, 0.8]),
+        _loop_case("the loader takes 5 s to shut down after the last batch",
+                   [1.0, 0.0], [0.5, 0.5], tail_s=5.0),
+        _loop_case("long run with a straggler", [0.1] * 5 + [3.0] + [0.1] * 4,
+                   [0.2] * 10, [0.3] * 10),
+    ]
+
+    def run(waits: Sequence[float], launch: Sequence[float], finish: Sequence[float],
+            tail_s: float) -> Any:
+        script = _Script(waits, launch, finish, tail_s)
+        got = fn(script.batches(), script.step, sync=script.sync, clock=script.clock)
+        if script.steps != len(waits):
+            return f"step was called {script.steps} times for {len(waits)} batches"
+        if isinstance(got, tuple):
+            got = list(got)
+        return got
+
+    run_check("time_loop", run, cases, compare=close(rtol=1e-9, atol=1e-12))
+
+
+def busy_fraction(fn: Callable[[int, float, float], float]) -> None:
+    """``fn(num_workers, load_time_s, step_time_s)``: steady-state busy fraction of the GPU."""
+    settings = [
+        ("in the main process (num_workers=0): load, then step", 0, 0.03, 0.01),
+        ("one worker, loading slower than the step", 1, 0.03, 0.01),
+        ("two workers, still too slow", 2, 0.03, 0.01),
+        ("exactly enough workers (3 x 10 ms = 30 ms)", 3, 0.03, 0.01),
+        ("more workers than needed", 8, 0.03, 0.01),
+        ("one worker, loading faster than the step", 1, 0.004, 0.01),
+        ("main process, free loading (cached in memory)", 0, 0.0, 0.02),
+        ("many workers, very slow decode", 16, 1.6, 0.05),
+    ]
+    cases = [Case(name, args=(n, load, step), expected=loader_busy_fraction(n, load, step))
+             for name, n, load, step in settings]
+    run_check("busy_fraction", fn, cases, compare=close(rtol=1e-6))

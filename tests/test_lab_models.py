@@ -1,0 +1,68 @@
+"""The PyTorch GPT has exactly labsim's parameter count and Korthikanti's activations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from labsim import Transformer
+from labsim.lab.datasets import random_batch
+from labsim.lab.memory import MemoryMeter
+from labsim.lab.models import GPT, Block
+from labsim.memory import activation_per_layer
+
+
+@pytest.mark.parametrize("name", ["gpt2-124m", "llama2-7b", "llama2-70b", "gpt2-350m"])
+def test_param_count_equals_formula(name: str) -> None:
+    cfg = Transformer.preset(name)
+    with torch.device("meta"):  # shapes only: no memory
+        model = GPT(cfg)
+    assert sum(p.numel() for p in model.parameters()) == cfg.params
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        Transformer(2, 64, 4, 32, 100),
+        Transformer(3, 48, 6, 16, 77, ffn_hidden=100, tied_embeddings=True),
+        Transformer(2, 64, 8, 32, 100, kv_heads=2, swiglu=True, positions="rotary",
+                    norm="rmsnorm", bias=False),
+        Transformer(1, 32, 2, 8, 50, kv_heads=1, swiglu=True, bias=True),
+    ],
+)
+def test_small_models_run_and_count(cfg: Transformer) -> None:
+    torch.manual_seed(0)
+    model = GPT(cfg, dropout=0.1)
+    assert sum(p.numel() for p in model.parameters()) == cfg.params
+    idx, tgt = random_batch(cfg, 2)
+    logits, loss = model(idx, tgt)
+    assert logits.shape == (2, cfg.seq_len, cfg.vocab)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_flash_equals_written_out_attention() -> None:
+    torch.manual_seed(0)
+    cfg = Transformer(2, 64, 4, 32, 100, kv_heads=2, positions="rotary", norm="rmsnorm")
+    a, b = GPT(cfg).eval(), GPT(cfg, flash=True).eval()
+    b.load_state_dict(a.state_dict())
+    idx, _ = random_batch(cfg, 2)
+    torch.testing.assert_close(a(idx)[0], b(idx)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_block_activations_match_korthikanti() -> None:
+    # fp32 on the CPU: values d = 4 bytes, and the CPU dropout keeps float masks (m = 4).
+    # The only extra tensors are LayerNorm's mean and 1/std (2 x fp32 per token per norm).
+    cfg = Transformer(2, 128, 4, 64, 100)
+    block = Block(cfg, dropout=0.1).train()
+    s, b = cfg.seq_len, 3
+    with MemoryMeter(block) as meter:
+        block(torch.randn(b, s, cfg.hidden))
+    formula = activation_per_layer(cfg, micro_batch=b, dtype_bytes=4, mask_bytes=4)
+    assert meter.saved_bytes == formula + 2 * 2 * 4 * s * b
+
+
+def test_long_sequence_rejected() -> None:
+    cfg = Transformer(1, 32, 2, 8, 50)
+    with pytest.raises(ValueError, match="seq_len"):
+        GPT(cfg)(torch.zeros(1, 9, dtype=torch.long))
