@@ -14,8 +14,8 @@ The network model (values only; the simpy engine in ``labsim.sim.network`` execu
 
 So each transfer crosses exactly two *pipes* (one link direction each).  Pipes are shared:
 flows on one pipe split its bandwidth max-min fairly (two flows on one direction each get
-half), and opposite directions are independent (full duplex).  ``maxmin_rates`` computes that
-allocation; the simulator and the cluster-aware closed forms both use it.
+half), and opposite directions are independent (full duplex).  ``labsim.network.maxmin_rates``
+computes that allocation; the simulator and the cluster-aware closed forms both use it.
 """
 
 from __future__ import annotations
@@ -176,32 +176,6 @@ class Cluster:
         return np.where(same, self.intra_node.latency_s, self.inter_node.latency_s)
 
 
-def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rate (bytes/s) of each flow; ``paths[i]`` lists the pipes flow i crosses.
-
-    Progressive filling (Bertsekas & Gallager, *Data Networks*, sec. 6.5.2): raise every
-    unfrozen flow's rate together until a pipe is full, freeze the flows through it, repeat.
-    Two flows alone on one pipe get half of it each; a flow alone gets the slowest pipe on
-    its path.
-    """
-    paths = np.asarray(paths, dtype=np.int64)
-    m = len(paths)
-    rate = np.zeros(m)
-    if m == 0:
-        return rate
-    left = np.asarray(capacity, dtype=float).copy()
-    active = np.ones(m, dtype=bool)
-    while active.any():
-        counts = np.bincount(paths[active].ravel(), minlength=len(left))
-        used = counts > 0
-        share = np.full(len(left), np.inf)
-        share[used] = left[used] / counts[used]
-        inc = share.min()
-        rate[active] += inc
-        left -= inc * counts
-        full = used & (share <= inc * (1 + 1e-12))
-        active &= ~full[paths].any(axis=1)
-    return rate
 
 
 # -- presets --------------------------------------------------------------------------------

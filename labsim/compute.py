@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from labsim.hardware import GPU
+from labsim.precision import Precision, training_precision
 from labsim.workload import Transformer
 
 # Shape of the GEMM efficiency curve: fraction of the plateau reached by a GEMM of at least
@@ -172,14 +173,16 @@ class LayerCost:
 
 def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
-               attention: str = "flash", dtype: str = "bf16") -> LayerCost:
+               attention: str = "flash", precision: str | Precision = "bf16") -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
-    Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019)."""
+    Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
+    name of ``labsim.precision.PRECISIONS``: its compute dtype sets bytes and peak)."""
     h, s = model.hidden, model.seq_len
-    e = 4 if dtype == "fp32" else 2
+    prec = training_precision(precision)
+    e = prec.activation_bytes
     tokens = micro_batch * s
-    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    gemm_dtype = prec.peak_dtype(gpu)
     gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
     fwd = PassCost()
     bwd = PassCost()
@@ -238,11 +241,12 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
 
 
 def logits_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
-                dtype: str = "bf16") -> tuple[PassCost, PassCost]:
+                precision: str | Precision = "bf16") -> tuple[PassCost, PassCost]:
     """Forward and backward of the output layer (logits GEMM, vocabulary split over TP) and
     the cross-entropy (fp32 softmax over the vocabulary shard), on the last stage."""
-    e = 4 if dtype == "fp32" else 2
-    gemm_dtype = "tf32" if dtype == "fp32" and "tf32" in gpu.peak_flops else dtype
+    prec = training_precision(precision)
+    e = prec.activation_bytes
+    gemm_dtype = prec.peak_dtype(gpu)
     g = model.head_gemm(micro_batch, tp)
     t_f = gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e)
     t_b = gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(

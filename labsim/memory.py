@@ -1,15 +1,10 @@
 """Where training memory goes: model states (weights, gradients, optimizer) and activations.
 
-Model states per parameter, by ``precision`` (bytes for weights + gradients + optimizer):
-
-============================  =======  =====  ====================================  ======
-precision                     weights  grads  optimizer (Adam)                      total
-============================  =======  =====  ====================================  ======
-``"fp32"``                    4        4      m 4 + v 4                             16
-``"mixed"`` (ZeRO paper)      2        2      fp32 master 4 + m 4 + v 4 (K = 12)    16
-``"mixed-fp32-grads"``        2        4      12                                    18
-``"bf16"`` / ``"fp16"`` pure  2        2      m 2 + v 2                             8
-============================  =======  =====  ====================================  ======
+Model states per parameter come from the precision (``labsim.precision.PRECISIONS``: the one
+table of weights, gradients, fp32 master copy and optimizer-state bytes by precision name):
+``"fp32"`` 4 + 4 + 8 = 16 B with Adam; ``"mixed"`` / ``"bf16"`` / ``"fp16"`` 2 + 2 + (4 + 4 + 4)
+= 16 B; ``"mixed-fp32-grads"`` 18 B; ``"autocast-*"`` (torch.amp) 4 + 4 + 8 = 16 B;
+``"pure-bf16"`` / ``"pure-fp16"`` 2 + 2 + 4 = 8 B.
 
 "mixed" is Rajbhandari et al. 2020 (ZeRO, Sec. 3.1): (2 + 2 + K) Psi with K = 12.  Megatron-LM
 keeps gradients in fp32 (its distributed-optimizer notes count 18 bytes/param).  SGD keeps
@@ -36,21 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from labsim.precision import PRECISIONS as PRECISION_TABLE
+from labsim.precision import Precision, training_precision
 from labsim.units import fmt_bytes
 from labsim.workload import Transformer
 
-PRECISIONS = ("fp32", "mixed", "mixed-fp32-grads", "bf16", "fp16")
+PRECISIONS = tuple(PRECISION_TABLE)
 OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
 RECOMPUTE = ("none", "selective", "full")
 
-# bytes per parameter: (weights, gradients, master copy kept by the optimizer, one state)
-_BYTES = {
-    "fp32": (4, 4, 0, 4),
-    "mixed": (2, 2, 4, 4),
-    "mixed-fp32-grads": (2, 4, 4, 4),
-    "bf16": (2, 2, 0, 2),
-    "fp16": (2, 2, 0, 2),
-}
 _STATES = {"adam": 2, "sgd": 0, "sgd-momentum": 1}
 
 
@@ -91,20 +80,20 @@ class MemoryBreakdown:
         return f"MemoryBreakdown({parts}; total={fmt_bytes(self.total)})"
 
 
-def bytes_per_param(precision: str = "mixed", optimizer: str = "adam") -> tuple[int, int, int]:
+def bytes_per_param(precision: str | Precision = "mixed",
+                    optimizer: str = "adam") -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes per parameter before any sharding."""
-    if precision not in _BYTES:
-        raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    prec = training_precision(precision)
     if optimizer not in _STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}")
-    weights, grads, master, state = _BYTES[precision]
-    return weights, grads, master + _STATES[optimizer] * state
+    return (prec.weight_bytes, prec.grad_bytes,
+            prec.master_bytes + _STATES[optimizer] * prec.state_bytes)
 
 
 def training_memory(
     params_or_model: int | float | Transformer,
     *,
-    precision: str = "mixed",
+    precision: str | Precision = "mixed",
     optimizer: str = "adam",
     zero_stage: int = 0,
     dp: int = 1,
@@ -115,11 +104,10 @@ def training_memory(
     ``params_or_model``: a parameter count, or a ``Transformer``.  With a Transformer and
     ``micro_batch=...`` (plus any other ``activation_memory`` keyword: recompute, ...) the
     activations are included; with ``tp``/``pp`` > 1 the model states are those of one rank of
-    the first pipeline stage (``stage_params``).  Activations use 16-bit values except for
-    ``precision="fp32"`` (4-byte values).
+    the first pipeline stage (``stage_params``).  Activations are stored in the precision's
+    compute dtype (``Precision.activation_bytes``: 4 bytes for fp32, else 2).
     """
-    if precision not in _BYTES:
-        raise ValueError(f"unknown precision {precision!r}; use one of {PRECISIONS}")
+    prec = training_precision(precision)
     if optimizer not in _STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}")
     if zero_stage not in (0, 1, 2, 3):
@@ -133,7 +121,7 @@ def training_memory(
         tp, pp = activation_kwargs.get("tp", 1), activation_kwargs.get("pp", 1)
         n = float(stage_params(model, tp=tp, pp=pp))
         if "micro_batch" in activation_kwargs:
-            activation_kwargs.setdefault("dtype_bytes", 4 if precision == "fp32" else 2)
+            activation_kwargs.setdefault("dtype_bytes", prec.activation_bytes)
             activations = activation_memory(model, **activation_kwargs)
         elif set(activation_kwargs) - {"tp", "pp"}:
             raise ValueError(
@@ -298,7 +286,7 @@ def activation_memory(
 def zero_stages(
     params_or_model: int | float | Transformer,
     *,
-    precision: str = "mixed",
+    precision: str | Precision = "mixed",
     optimizer: str = "adam",
     dp: int = 1,
     **activation_kwargs: Any,

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labsim.precision import Precision, training_precision
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTION = ("flash", "standard")
 
 
@@ -39,8 +40,10 @@ class Plan:
         or ``"full"`` (each layer's forward recomputed from its input in backward).
     sequence_parallel: Megatron sequence parallelism (norms and dropout sharded over tp;
         all-reduces become reduce-scatter + all-gather of the same volume).
-    precision: ``"bf16"``/``"fp16"`` (mixed precision: 16-bit compute, fp32 master weights) or
-        ``"fp32"``.
+    precision: a name of ``labsim.precision.PRECISIONS``: ``"bf16"``/``"fp16"`` (mixed
+        precision: 16-bit compute, fp32 master weights), ``"fp32"``, ``"mixed-fp32-grads"``
+        (Megatron-LM's fp32 gradients), ``"autocast-bf16"`` (torch.amp), ``"pure-bf16"``...;
+        ``numerics`` is the ``Precision`` it names (bytes and peak derive from it).
     overlap_grad_reduce: launch each gradient bucket's reduction as soon as its gradients are
         final, overlapping it with the rest of backward (PyTorch DDP); False = reduce all
         gradients after backward (Megatron's "local" DDP of 2021).
@@ -116,8 +119,10 @@ class Plan:
             )
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute={self.recompute!r}: choose one of {RECOMPUTE}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r}: choose one of {PRECISIONS}")
+        try:
+            training_precision(self.precision)
+        except ValueError as exc:
+            raise ValueError(f"precision={self.precision!r}: {exc}") from None
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r}: choose one of {ATTENTION}")
         if self.optimizer not in ("adam", "sgd", "sgd-momentum"):
@@ -140,9 +145,14 @@ class Plan:
         return self.global_batch // (self.dp * self.micro_batch)
 
     @property
+    def numerics(self) -> Precision:
+        """The ``labsim.precision.Precision`` that ``precision`` names."""
+        return training_precision(self.precision)
+
+    @property
     def bytes_per_element(self) -> int:
-        """Bytes of one activation or weight element in compute precision."""
-        return 4 if self.precision == "fp32" else 2
+        """Bytes of one activation element in compute precision."""
+        return self.numerics.activation_bytes
 
     def validate_for(self, model: object, gpus: int | None = None) -> None:
         """Check the plan against a model (attributes ``layers``, ``heads``, ``kv_heads``) and,

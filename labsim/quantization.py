@@ -17,17 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labsim.hardware import GPU
+from labsim.precision import dtype_bytes
 from labsim.roofline import Roofline
 from labsim.workload import Transformer
-
-BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-
-
-def _bytes_of(dtype: str) -> float:
-    try:
-        return BYTES[dtype.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(BYTES)}") from None
 
 
 def llama2_7b() -> Transformer:
@@ -95,8 +87,8 @@ def decode_cost(
     layer = model if model is not None else llama2_7b()
     params = layer.params_per_layer
     flops = 2.0 * params + 4.0 * context * layer.hidden
-    weight_bytes = params * _bytes_of(weights) / batch
-    kv_bytes = 2.0 * context * layer.kv_dim * _bytes_of(kv_cache)
+    weight_bytes = params * dtype_bytes(weights) / batch
+    kv_bytes = 2.0 * context * layer.kv_dim * dtype_bytes(kv_cache)
     return DecodeCost(flops, weight_bytes, kv_bytes, Roofline.of(gpu, compute))
 
 
@@ -181,5 +173,5 @@ def matmul_cost(
     if min(m, n, k) < 1:
         raise ValueError("m, n and k must be >= 1")
     out = out_dtype or ("fp32" if dtype.lower() == "int8" else dtype)
-    nbytes = (m * k + k * n) * _bytes_of(dtype) + m * n * _bytes_of(out)
+    nbytes = (m * k + k * n) * dtype_bytes(dtype) + m * n * dtype_bytes(out)
     return MatmulCost(2.0 * m * n * k, nbytes, Roofline.of(gpu, dtype))

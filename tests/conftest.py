@@ -19,6 +19,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Notebooks (nbval items), multi-process and browser tests are slow too, so that
+    ``pytest -m "not slow"`` is the fast part of the suite."""
+    for item in items:
+        if (item.path.suffix == ".ipynb" or item.get_closest_marker("multiprocess")
+                or item.get_closest_marker("browser")):
+            item.add_marker(pytest.mark.slow)
+
+
 def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbformat.NotebookNode:
     """Build a notebook from (kind, source[, metadata]) tuples; kind is 'code' or 'markdown'."""
     nb = nbformat.v4.new_notebook()

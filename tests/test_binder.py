@@ -15,6 +15,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 LAB = ROOT / "solutions" / "00_why_gpus.ipynb"
 BINDER_MEMORY_BYTES = 1.5e9
 

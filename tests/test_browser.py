@@ -31,6 +31,8 @@ import pytest
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LAB = "01_memory"  # a lab with a widget: the memory explorer
 ARTIFACTS = ROOT / "artifacts" / "browser"

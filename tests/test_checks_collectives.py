@@ -16,6 +16,8 @@ from labsim.checks.collectives.reference import ring_allreduce
 from labsim.experiments.collectives import rank_tensor
 from labsim.lab.launcher import launch
 
+pytestmark = pytest.mark.multiprocess
+
 
 def ring_time(nbytes, n, bandwidth_Bps, latency_s):
     return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * nbytes / bandwidth_Bps
@@ -54,7 +56,7 @@ def test_ring_equals_all_reduce_on_sizes_the_world_does_not_divide():
     result = launch(both, 3)
     for per_rank in result:
         for case in per_rank:
-            assert torch.allclose(case["got"], case["expected"], rtol=1e-12, atol=1e-12), case
+            assert torch.allclose(case.got, case.expected, rtol=1e-12, atol=1e-12), case
 
 
 def test_rank_tensors_differ_and_are_deterministic():

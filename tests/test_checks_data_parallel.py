@@ -15,6 +15,8 @@ from labsim.parallel.data_parallel import (
     lm_loss,
 )
 
+pytestmark = pytest.mark.multiprocess
+
 
 def accumulate(ddp, optimizer, micro_batches):  # type: ignore[no-untyped-def]
     k, total = len(micro_batches), 0.0

@@ -10,6 +10,8 @@ from labsim.checks import CheckFailed
 from labsim.checks import zero as z
 from labsim.parallel.zero import ZeroAdam
 
+pytestmark = pytest.mark.multiprocess
+
 
 class UnshardedAdam(torch.optim.Adam):
     """Each rank steps on its own gradients with the whole state: not data parallel."""

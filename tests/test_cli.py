@@ -5,18 +5,22 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def labsim(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "labsim", *args], capture_output=True,
                           text=True)
 
 
+@pytest.mark.slow
 def test_no_command_prints_help_and_exits_2() -> None:
     result = labsim()
     assert result.returncode == 2
     assert "release" in result.stdout
 
 
+@pytest.mark.slow
 def test_hardware_lists_every_catalog_entry_with_dense_peaks() -> None:
     result = labsim("hardware", "--sources")
     assert result.returncode == 0
@@ -25,5 +29,6 @@ def test_hardware_lists_every_catalog_entry_with_dense_peaks() -> None:
     assert "989.4 TFLOP/s" in result.stdout  # H100 SXM bf16 dense, not the sparse 1979
 
 
+@pytest.mark.slow
 def test_unknown_command_is_an_error() -> None:
     assert labsim("frobnicate").returncode == 2

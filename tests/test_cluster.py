@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from labsim.cluster import Cluster, cluster, dgx_a100, dgx_h100, maxmin_rates, pcie_box
+from labsim.cluster import Cluster, cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.hardware import link
+from labsim.network import maxmin_rates
 
 
 def test_presets_match_the_datasheets():

@@ -1,4 +1,4 @@
-"""labsim.lab.checkpointing: segments, the planner against exhaustive search, measurement.
+"""labsim.experiments.checkpointing: segments, the planner against exhaustive search, measurement.
 
 labsim.experiments.checkpointing: int8 saved activations, size and error.
 """

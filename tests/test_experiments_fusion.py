@@ -1,4 +1,4 @@
-"""labsim.lab.fusion: the reference element-wise chain and its inputs."""
+"""labsim.experiments.fusion: the reference element-wise chain and its inputs."""
 
 from __future__ import annotations
 

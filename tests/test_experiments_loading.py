@@ -1,4 +1,4 @@
-"""Timing real DataLoaders (labsim.lab.loading) and comparing them with the simulation.
+"""Timing real DataLoaders (labsim.experiments.loading) and comparing them with the simulation.
 
 ``test_real_loader_matches_simulation`` is the acceptance test of the data-loading model: a
 real ``DataLoader`` on this machine against ``simulate_dataloader`` for several settings.
@@ -48,6 +48,7 @@ def _setup():
     return slow, fast, TrainStep(width=1024)
 
 
+@pytest.mark.multiprocess
 def test_spawned_workers_rebuild_the_dataset():
     # macOS and Windows start workers with spawn: the dataset must come from a module
     slow, _, step = _setup()
@@ -58,6 +59,7 @@ def test_spawned_workers_rebuild_the_dataset():
     assert min(t.handover_s) >= 0
 
 
+@pytest.mark.multiprocess
 def test_real_loader_matches_simulation():
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("timed on Linux with fork (spawn start-up would dominate short runs)")

@@ -1,4 +1,4 @@
-"""labsim.lab.precision: format limits, fp16 underflow, the AMP training loop.
+"""labsim.experiments.precision: format limits, fp16 underflow, the AMP training loop.
 
 labsim.experiments.precision: op dtypes under autocast, activation bytes by precision mode.
 """

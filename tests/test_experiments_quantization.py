@@ -76,6 +76,7 @@ def test_tables() -> None:
     assert ranges.column("test values clipped") == [0.0]
 
 
+@pytest.mark.slow
 def test_timing_table_and_gpu_only_helper() -> None:
     lin = nn.Linear(16, 16)
     threads = torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""The synthetic image dataset and training step (labsim.lab.data).
+"""The synthetic image dataset and training step (labsim.lab.datasets).
 
 The teacher-student task: seeded, disjoint, margin respected; the student learns it.
 """

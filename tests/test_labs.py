@@ -21,6 +21,8 @@ from labsim.course import release as rel
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 LABS = sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
 HIDE_TRACEBACKS = "get_ipython().showtraceback = lambda *a, **k: None"
 

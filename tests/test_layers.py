@@ -1,28 +1,78 @@
-"""labsim's three layers import one way only, and plotting stays in the presentation layer."""
+"""labsim's layers import one way only, and each library stays in the layer that owns it.
+
+Every module of the package belongs to exactly one layer (``docs/architecture.md``):
+
+* values: the modules at the package root and the ``collectives`` package (numbers, closed
+  forms, plain data; no torch, simpy, matplotlib or ipywidgets);
+* sim: ``sim/`` (simpy);  presentation: ``plots/`` (matplotlib), ``widgets/`` (ipywidgets);
+* beside them, for the real exercises: ``lab/`` (infrastructure), ``parallel/`` (the
+  torch.distributed reference code), ``experiments/`` (measurements a lab shows), ``checks/``
+  (contract, reference, cases); and ``course/`` (release, grade), ``cli/`` (the command line).
+
+A layer may import the layers it is allowed below (``ALLOWED``) and nothing above.  The
+package's own ``__init__`` is the public API (``../shared/docs/api.md``): it re-exports names
+of the values and simulation layers only.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 from .conftest import ROOT
 
 PKG = ROOT / "labsim"
-SIM = {"simpy"}
-PRESENTATION_LIBS = {"matplotlib", "ipywidgets", "IPython"}
-HIGHER = {
-    "values": {"labsim.sim", "labsim.plots", "labsim.widgets"},
-    "sim": {"labsim.plots", "labsim.widgets"},
+VALUE_PACKAGES = {"collectives"}
+SUBPACKAGES = {"sim", "plots", "widgets", "lab", "parallel", "experiments", "checks", "course",
+               "cli"}
+ALLOWED: dict[str, set[str]] = {  # labsim layers each layer may import
+    "api": {"values", "sim"},
+    "values": {"values"},
+    "sim": {"values", "sim"},
+    "plots": {"values", "sim", "plots"},
+    "widgets": {"values", "sim", "plots", "widgets"},
+    "lab": {"values", "lab"},
+    "parallel": {"values", "lab", "parallel"},
+    "experiments": {"values", "sim", "lab", "parallel", "experiments"},
+    "checks": {"values", "lab", "parallel", "experiments", "checks"},
+    "course": {"values", "checks", "course"},
+    "cli": SUBPACKAGES | {"values"},
+}
+FORBIDDEN_LIBS: dict[str, set[str]] = {  # third-party libraries each layer must not import
+    "api": {"torch", "matplotlib", "ipywidgets", "IPython"},
+    "values": {"torch", "simpy", "matplotlib", "ipywidgets", "IPython"},
+    "sim": {"torch", "matplotlib", "ipywidgets", "IPython"},
+    "plots": {"torch", "ipywidgets"},
+    "widgets": {"torch"},
+    "lab": {"simpy", "matplotlib", "ipywidgets"},
+    "parallel": {"simpy", "matplotlib", "ipywidgets"},
+    "experiments": {"matplotlib", "ipywidgets"},
+    "checks": {"simpy", "matplotlib", "ipywidgets"},
+    "course": {"torch", "simpy", "matplotlib", "ipywidgets"},
+    "cli": set(),
 }
 
 
-def layer_of(path: Path) -> str | None:
+def layer_of(path: Path) -> str:
     rel = path.relative_to(PKG).parts
-    if len(rel) == 1:
+    if rel == ("__init__.py",):
+        return "api"
+    if len(rel) == 1 or rel[0] in VALUE_PACKAGES:
         return "values"
-    if rel[0] == "sim":
-        return "sim"
-    return None  # presentation, lab helpers, checks, course tooling, cli
+    if rel[0] in SUBPACKAGES:
+        return rel[0]
+    raise AssertionError(f"{path} is in no layer: add its folder to tests/test_layers.py and "
+                         f"docs/architecture.md")
+
+
+def labsim_layer(module: str) -> str | None:
+    """The layer a ``labsim...`` module name belongs to (None for non-labsim names)."""
+    parts = module.split(".")
+    if parts[0] != "labsim" or len(parts) == 1:
+        return None
+    return parts[1] if parts[1] in SUBPACKAGES else "values"
 
 
 def imports(path: Path) -> set[str]:
@@ -32,29 +82,54 @@ def imports(path: Path) -> set[str]:
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            if node.module == "labsim":  # from labsim import sim, plots, ...
+                found.update(f"labsim.{a.name}" for a in node.names if a.name in SUBPACKAGES)
     return found
 
 
-def test_lower_layers_never_import_higher_ones() -> None:
+MODULES = sorted(p for p in PKG.rglob("*.py") if p.name != "__main__.py")
+
+
+def test_every_module_has_a_layer() -> None:
+    assert {layer_of(p) for p in MODULES} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_imports_point_down_only(path: Path) -> None:
+    layer = layer_of(path)
     problems = []
-    for path in sorted(PKG.rglob("*.py")):
-        layer = layer_of(path)
-        if layer is None or path.name in ("__init__.py", "__main__.py"):
-            continue
-        for name in imports(path):
-            top = name.split(".")[0]
-            banned = PRESENTATION_LIBS | (SIM if layer == "values" else set())
-            if top in banned or any(name == h or name.startswith(h + ".")
-                                    for h in HIGHER[layer]):
-                problems.append(f"{path.relative_to(ROOT)} ({layer}) imports {name}")
-    assert not problems, "\n".join(problems)
+    for name in sorted(imports(path)):
+        target = labsim_layer(name)
+        if target is not None and target not in ALLOWED[layer]:
+            problems.append(f"{layer} imports {name} ({target})")
+        if name.split(".")[0] in FORBIDDEN_LIBS[layer]:
+            problems.append(f"{layer} imports {name}")
+    assert not problems, f"{path.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+def test_the_rules_catch_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself: a values module importing plots, or torch, is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nfrom labsim.plots import gantt\nfrom labsim import sim\n")
+    names = imports(bad)
+    assert {labsim_layer(n) for n in names} >= {"plots", "sim"}
+    assert not ALLOWED["values"] & {"plots", "sim"} and "torch" in FORBIDDEN_LIBS["values"]
+
+
+def test_no_module_level_mutable_state_in_the_simulator() -> None:
+    """Every simulation owns its own simpy.Environment: no module creates one at import."""
+    for path in MODULES:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                src = ast.unparse(node.value) if node.value is not None else ""
+                assert "Environment(" not in src, f"{path}: module-level simpy.Environment"
 
 
 def test_library_code_never_prints() -> None:
     offenders = []
-    for path in sorted(PKG.rglob("*.py")):
-        if path.relative_to(PKG).parts[0] in ("cli",) or path.name == "__main__.py":
+    for path in MODULES:
+        if path.relative_to(PKG).parts[0] in ("cli",):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -62,3 +137,18 @@ def test_library_code_never_prints() -> None:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     allowed = {"labsim/checks/_core.py"}  # the one PASS line a check cell shows
     assert [o for o in offenders if o.split(":")[0] not in allowed] == []
+
+
+def test_no_pyplot_in_the_package() -> None:
+    """Figures are made one way (``labsim.plots._figure.new_figure``): pyplot's global figure
+    list would keep every figure alive and show it twice in a notebook."""
+    users = [str(p.relative_to(ROOT)) for p in MODULES
+             if any(n == "matplotlib.pyplot" for n in imports(p))]
+    assert users == []
+
+
+def test_one_stem_per_topic() -> None:
+    """No module stem appears in two value-layer places (a topic has one name), and the
+    value-layer package ``collectives`` has no same-named module beside it."""
+    root_stems = {p.stem for p in PKG.glob("*.py")}
+    assert not root_stems & {p.name for p in PKG.iterdir() if p.is_dir()}

@@ -29,7 +29,9 @@ def test_bytes_per_param_table() -> None:
     assert sum(bytes_per_param("mixed", "adam")) == 16
     assert sum(bytes_per_param("mixed-fp32-grads", "adam")) == 18
     assert bytes_per_param("fp32", "adam") == (4, 4, 8)
-    assert bytes_per_param("bf16", "adam") == (2, 2, 4)
+    assert bytes_per_param("pure-bf16", "adam") == (2, 2, 4)  # no fp32 master copy
+    assert bytes_per_param("bf16", "adam") == bytes_per_param("mixed", "adam")  # one vocabulary
+    assert bytes_per_param("autocast-bf16", "adam") == (4, 4, 8)  # torch.amp: fp32 weights
     assert bytes_per_param("fp32", "sgd") == (4, 4, 0)
     assert bytes_per_param("mixed", "sgd") == (2, 2, 4)  # the fp32 master copy remains
     assert bytes_per_param("fp32", "sgd-momentum") == (4, 4, 4)

@@ -10,6 +10,8 @@ from labsim.lab import launch
 from labsim.parallel import data_parallel as dp
 from labsim.parallel.zero import shard_bounds
 
+pytestmark = pytest.mark.multiprocess
+
 
 def _both_demos(rank: int, world: int) -> tuple[float, float]:
     from labsim.parallel import data_parallel, zero
@@ -42,8 +44,8 @@ def test_serial_reference_accumulation_equals_big_batch() -> None:
     batches = [dp.make_tokens(s, 8) for s in range(2)]
     one = dp.serial_reference(3, batches)
     four = dp.serial_reference(3, batches, accumulate=4)
-    for k, v in one["params"].items():
-        assert torch.allclose(v, four["params"][k], rtol=1e-12, atol=1e-14)
+    for k, v in one.params.items():
+        assert torch.allclose(v, four.params[k], rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("numel,world", [(10, 3), (2, 4), (0, 2), (7, 1), (1000, 7)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -28,6 +29,7 @@ def test_link_utilisation_and_busbw_curves_draw():
     assert len(fig.axes[0].get_lines()) == 3
 
 
+@pytest.mark.slow
 def test_collectives_widget_and_its_static_figure():
     from labsim.widgets import collectives_figure, explore_collectives
 

@@ -16,6 +16,8 @@ from labsim.course.notebook import NotebookError
 
 from .conftest import make_notebook
 
+pytestmark = pytest.mark.slow
+
 
 def test_stub_out_keeps_indentation_and_code_around_the_block() -> None:
     src = "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"

@@ -40,6 +40,7 @@ def cases():
                     yield op, algo, n, nbytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, algo, n, nbytes", list(cases()))
 def test_simulation_equals_closed_form_on_one_switch(op, algo, n, nbytes):
     r = simulate_collective(op, nbytes, switch(n), algo, detail="phase")
@@ -75,6 +76,7 @@ def test_reproduces_nccl_bus_bandwidths():
     assert 0.9 * 46e9 <= two.busbw_Bps / 8 <= 1.1 * 48e9  # per 400 Gb/s NIC
 
 
+@pytest.mark.slow
 def test_multi_node_simulation_equals_the_cluster_form():
     for cl, algo in [(dgx_h100(4), "ring"), (dgx_a100(3), "hierarchical"),
                      (Cluster("A100-80GB", 2, 4, "pcie4-x16", "ib-hdr", 1), "ring")]:

@@ -143,6 +143,7 @@ def table_1_prediction(row):
     return flops / (gpus * result.step_time_s) / 1e12, result
 
 
+@pytest.mark.slow
 def test_narayanan_2021_table_1(capsys):
     lines = [f"{'model':<16} {'TPxPP':>6} {'GPUs':>5} {'published':>9} {'predicted':>9} "
              f"{'error':>7} {'bubble':>7} {'memory GB':>9}"]

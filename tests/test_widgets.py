@@ -18,6 +18,7 @@ def test_there_are_explorers() -> None:
     assert len(EXPLORERS) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXPLORERS)
 def test_explorer_shows_a_static_figure_and_redraws_on_change(name: str) -> None:
     explorer = getattr(widgets, name)()

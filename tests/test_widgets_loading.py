@@ -12,6 +12,7 @@ def test_figure_matches_the_simulation():
     assert len(fig.axes) == 2
 
 
+@pytest.mark.slow
 def test_widget_builds_with_its_defaults():
     pytest.importorskip("ipywidgets")
     widget = explore_dataloader(num_workers=3, load_ms=20)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from labsim import Transformer
 from labsim.widgets import memory_explorer, memory_figure
 
@@ -14,6 +16,7 @@ def test_static_figure_titles_the_verdict() -> None:
     assert "fits: ZeRO-0" in fig.axes[0].get_title()
 
 
+@pytest.mark.slow
 def test_explorer_redraws_and_carries_png() -> None:
     box = memory_explorer(model="gpt2-124m", dp=1)
     bundle = box._repr_mimebundle_()

@@ -45,7 +45,7 @@ def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None
 
 
 def checkpointed_forward(fn: Callable[..., torch.Tensor]) -> None:
-    """``fn(blocks, x, starts)`` against ``labsim.lab.checkpointing.forward_segments``."""
+    """``fn(blocks, x, starts)`` against ``labsim.checks.checkpointing.forward_segments``."""
     plans = [
         ("no checkpointing: starts=[0]", [0]),
         ("every layer", every_k(_LAYERS, 1)),

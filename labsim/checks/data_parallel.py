@@ -9,6 +9,7 @@ check with a FAIL line within ``timeout_s``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from labsim.checks._core import Case, CheckFailed, close, run_check
 from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
 from labsim.parallel.data_parallel import (
     DataParallelBucket,
+    TrainingRun,
     TrapNet,
     lm_loss,
     make_tokens,
@@ -30,6 +32,21 @@ from labsim.parallel.data_parallel import (
 NPROCS = 2
 BATCH, STEPS, LR, INIT_SEED = 8, 3, 0.1, 1000
 TOL = close(rtol=1e-9, atol=1e-12)
+
+
+@dataclass(frozen=True)
+class DdpRun(TrainingRun):
+    """One rank's run under a learner's data parallelism, and what it did on the wire:
+    ``spread_after_sync`` (rank 0 minus this rank right after ``sync_parameters``, or the error
+    it raised), the all-reduces it issued (in backward, asynchronous), those per optimizer step
+    and the buckets it used."""
+
+    spread_after_sync: float | Exception = 0.0
+    allreduce_calls: int = 0
+    in_backward: int = 0
+    asynchronous: int = 0
+    calls_per_step: int = 0
+    buckets: int = 0
 
 
 def _launch(title: str, n_cases: int, fn: Any, args: tuple, timeout_s: float) -> Any:
@@ -65,8 +82,7 @@ def _check_outcomes(title: str, names: list[str], got: list[Any],
     run_check(title, outcome, cases, compare=TOL)
 
 
-def _serial(accumulate: int = 1) -> dict[str, Any]:
-
+def _serial(accumulate: int = 1) -> TrainingRun:
     return serial_reference(INIT_SEED, batches(), lr=LR, accumulate=accumulate)
 
 
@@ -83,13 +99,12 @@ def naive_ddp(sync_parameters: Callable[[torch.nn.Module], None],
     ranks = _launch(title, n, naive_worker, (sync_parameters, average_gradients), timeout_s)
     ref = _serial()
     r0, r1 = ranks[0], ranks[1]
-    err = r0.get("error") or r1.get("error")
-    bad = err if err is not None else None
-    frozen = ref["params"]["frozen.weight"]
-    got = [r0["spread_after_sync"], bad or r0["losses"], bad or r0["params"],
-           bad or r1["spread"], bad or r0["params"]["frozen.weight"],
-           bad or r1["params"]["unused.weight"]]
-    exp = [0.0, ref["losses"], ref["params"], 0.0, frozen, ref["params"]["unused.weight"]]
+    bad = next((r for r in (r0, r1) if isinstance(r, Exception)), None)
+    frozen = ref.params["frozen.weight"]
+    got = [bad or r0.spread_after_sync, bad or r0.losses, bad or r0.params,
+           bad or r1.spread, bad or r0.params["frozen.weight"],
+           bad or r1.params["unused.weight"]]
+    exp = [0.0, ref.losses, ref.params, 0.0, frozen, ref.params["unused.weight"]]
     names = ["replicas equal rank 0's after sync_parameters",
              "losses of 3 steps equal one process on the whole batch",
              "final parameters (tied embedding/head included) equal the serial run",
@@ -115,14 +130,14 @@ def bucketed_ddp(cls: Callable[..., torch.nn.Module], timeout_s: float = 120.0) 
     got: list[Any] = []
     for i in range(2):
         r = ranks[0][i]
-        got += [out[i] or r["params"], out[i] or (r["losses"], ranks[1][i]["spread"])]
+        got += [out[i] or r.params, out[i] or (r.losses, ranks[1][i].spread)]
     small, big = ranks[0][0], ranks[0][2]
-    got.append(out[0] or small["in_backward"] > 0 and small["async"] == small["calls"])
-    got.append(out[2] or big["params"])
-    got.append(out[0] or small["calls"])
+    got.append(out[0] or small.in_backward > 0 and small.asynchronous == small.allreduce_calls)
+    got.append(out[2] or big.params)
+    got.append(out[0] or small.allreduce_calls)
 
     tensors = sum(p.requires_grad for p in TrapNet().parameters())
-    exp = [ref["params"], (ref["losses"], 0.0)] * 2 + [True, ref["params"], tensors * STEPS]
+    exp = [ref.params, (ref.losses, 0.0)] * 2 + [True, ref.params, tensors * STEPS]
     names = ["one bucket per parameter: final parameters equal the serial run",
              "one bucket per parameter: losses equal, ranks identical",
              "600-byte buckets: final parameters equal the serial run",
@@ -150,9 +165,9 @@ def accumulation(fn: Callable[..., Any], timeout_s: float = 120.0) -> None:
     for i, k in enumerate(ks[1:], start=1):
         r = ranks[0][i]
         e = r if isinstance(r, Exception) else None
-        got += [e or r["params"], e or r["losses"], e or (r["calls_per_step"], r["buckets"])]
-        exp += [ref["params"], ref["losses"],
-                (ranks[0][0]["buckets"], ranks[0][0]["buckets"])
+        got += [e or r.params, e or r.losses, e or (r.calls_per_step, r.buckets)]
+        exp += [ref.params, ref.losses,
+                (ranks[0][0].buckets, ranks[0][0].buckets)
                 if not isinstance(ranks[0][0], Exception) else None]
         names += [f"k={k}: parameters equal one process on the big batch",
                   f"k={k}: losses equal the big batch",
@@ -200,12 +215,12 @@ def _guard(fn: Callable[..., Any], *args: Any) -> Any:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def naive_worker(rank: int, world: int, sync: Callable, average: Callable) -> dict[str, Any]:
+def naive_worker(rank: int, world: int, sync: Callable,
+                 average: Callable) -> DdpRun | Exception:
     """``sync(model)`` then SGD steps with ``average(model)`` after each backward."""
     model = _model(rank)
-    out: dict[str, Any] = {}
     res = _guard(sync, model)
-    out["spread_after_sync"] = res if isinstance(res, Exception) else _spread(model)
+    after_sync = res if isinstance(res, Exception) else _spread(model)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
     losses = []
     for b in batches():
@@ -213,13 +228,11 @@ def naive_worker(rank: int, world: int, sync: Callable, average: Callable) -> di
         loss.backward()
         res = _guard(average, model)
         if isinstance(res, Exception):
-            out["error"] = res
-            return out
+            return res
         opt.step()
         opt.zero_grad()
         losses.append(_global_mean(float(loss.detach())))
-    out.update(losses=losses, params=parameters_of(model), spread=_spread(model))
-    return out
+    return DdpRun(losses, parameters_of(model), _spread(model), spread_after_sync=after_sync)
 
 
 class _CountAllReduce:
@@ -245,10 +258,11 @@ class _CountAllReduce:
         dist.all_reduce = self._orig
 
 
-def bucket_worker(rank: int, world: int, cls: Callable, caps: Sequence[float]) -> list[Any]:
+def bucket_worker(rank: int, world: int, cls: Callable,
+                  caps: Sequence[float]) -> list[DdpRun | Exception]:
     """For each bucket cap: ``cls(model, cap)``, SGD steps with
     ``finish_gradient_synchronization()`` before each optimizer step; all-reduces counted."""
-    out: list[Any] = []
+    out: list[DdpRun | Exception] = []
     for cap in caps:
         model = _model(rank)
         ddp = _guard(cls, model, cap)
@@ -272,18 +286,17 @@ def bucket_worker(rank: int, world: int, cls: Callable, caps: Sequence[float]) -
         if isinstance(err, Exception):
             out.append(err)
             continue
-        out.append({"losses": [_global_mean(v) for v in losses],
-                    "params": parameters_of(model), "spread": _spread(model), "calls": count.calls,
-                    "in_backward": count.in_backward,
-                    "async": count.asynchronous})
+        out.append(DdpRun([_global_mean(v) for v in losses], parameters_of(model),
+                          _spread(model), allreduce_calls=count.calls,
+                          in_backward=count.in_backward, asynchronous=count.asynchronous))
     return out
 
 
 def accumulate_worker(rank: int, world: int, fn: Callable, ks: Sequence[int],
-                      cap: float = 600.0) -> list[Any]:
+                      cap: float = 600.0) -> list[DdpRun | Exception]:
     """For each ``k``: ``fn(ddp, optimizer, micro_batches)`` per step on a
     ``DataParallelBucket`` over this rank's shard cut into ``k`` micro-batches."""
-    out: list[Any] = []
+    out: list[DdpRun | Exception] = []
     for k in ks:
         ddp = DataParallelBucket(_model(rank), bucket_cap_bytes=cap)
         opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=LR)
@@ -296,9 +309,9 @@ def accumulate_worker(rank: int, world: int, fn: Callable, ks: Sequence[int],
                 break
             losses.append(_global_mean(float(res)))
             calls = ddp.n_allreduce - before
-        out.append(err if err is not None else {
-            "losses": losses, "params": parameters_of(ddp.module), "spread": _spread(ddp),
-            "calls_per_step": calls, "buckets": len(ddp.buckets)})
+        out.append(err if err is not None else DdpRun(
+            losses, parameters_of(ddp.module), _spread(ddp), calls_per_step=calls,
+            buckets=len(ddp.buckets)))
     return out
 
 

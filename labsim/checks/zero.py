@@ -5,6 +5,7 @@ against ``labsim.training_memory`` (Rajbhandari et al. 2020)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from labsim.checks.data_parallel import (
 from labsim.lab.memory import optimizer_state_bytes, tensor_bytes
 from labsim.memory import training_memory
 from labsim.parallel.data_parallel import (
+    TrainingRun,
     TrapNet,
     broadcast_parameters,
     lm_loss,
@@ -40,20 +42,21 @@ def sharded_adam(cls: Callable[..., Any], timeout_s: float = 120.0) -> None:
     ranks = _launch(title, n, zero1_worker, (cls,), timeout_s)
     ref = serial_adam()
     r0, r1 = ranks[0], ranks[1]
-    err = r0.get("error") or r1.get("error")
+    err = next((r for r in (r0, r1) if isinstance(r, Exception)), None)
     # Adam keeps two moments per trainable element (the step counter is left out)
-    moments = sum(v.numel() * v.element_size() for k, v in ref["params"].items()
+    moments = sum(v.numel() * v.element_size() for k, v in ref.params.items()
                   if "frozen" not in k) * 2
+    state: Any = None
     if err is None:
-        sizes = [r["state_bytes"] for r in ranks]
-        state: Any = next((s for s in sizes if isinstance(s, Exception)), None)
+        sizes = [r.state_bytes for r in ranks]
+        state = next((s for s in sizes if isinstance(s, Exception)), None)
         if state is None:
             state = (sum(sizes), max(sizes) <= moments / 2 + 16)
-    got: list[Any] = [err or r0["losses"], err or r0["params"], err or r1["spread"],
-                      err or r0["params"]["frozen.weight"], err or r1["params"]["unused.weight"],
+    got: list[Any] = [err or r0.losses, err or r0.params, err or r1.spread,
+                      err or r0.params["frozen.weight"], err or r1.params["unused.weight"],
                       err or state]
-    exp = [ref["losses"], ref["params"], 0.0, ref["params"]["frozen.weight"],
-           ref["params"]["unused.weight"], (moments, True)]
+    exp = [ref.losses, ref.params, 0.0, ref.params["frozen.weight"],
+           ref.params["unused.weight"], (moments, True)]
     names = ["losses of 3 steps equal Adam in one process on the whole batch",
              "final parameters equal unsharded Adam's",
              "both ranks hold identical parameters (the shards were all-gathered)",
@@ -97,7 +100,15 @@ def comm_volume(fn: Callable[[float, int, int], float]) -> None:
 LR = 0.05
 
 
-def serial_adam(lr: float = LR) -> dict[str, Any]:
+@dataclass(frozen=True)
+class AdamRun(TrainingRun):
+    """A training run with Adam: also the bytes of optimizer state this rank holds (or the error
+    ``state_tensors()`` raised)."""
+
+    state_bytes: int | Exception = 0
+
+
+def serial_adam(lr: float = LR) -> AdamRun:
     """One process, whole batches, ``torch.optim.Adam``: the oracle of the ZeRO-1 check."""
     torch.manual_seed(INIT_SEED)
     model = TrapNet().double()
@@ -109,11 +120,10 @@ def serial_adam(lr: float = LR) -> dict[str, Any]:
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
-    return {"losses": losses, "params": parameters_of(model),
-            "state_bytes": optimizer_state_bytes(opt)}
+    return AdamRun(losses, parameters_of(model), state_bytes=optimizer_state_bytes(opt))
 
 
-def zero1_worker(rank: int, world: int, cls: Callable[..., Any]) -> dict[str, Any]:
+def zero1_worker(rank: int, world: int, cls: Callable[..., Any]) -> AdamRun | Exception:
     """Train with ``cls(trainable_params, lr=LR)``: ``step()`` reduces the gradients, updates
     this rank's shard and all-gathers; ``state_tensors()`` lists the Adam state held here."""
     torch.manual_seed(INIT_SEED + rank)
@@ -121,14 +131,14 @@ def zero1_worker(rank: int, world: int, cls: Callable[..., Any]) -> dict[str, An
     broadcast_parameters(model)
     opt = _guard(cls, [p for p in model.parameters() if p.requires_grad], LR)
     if isinstance(opt, Exception):
-        return {"error": opt}
+        return opt
     losses = []
     for b in batches():
         loss = lm_loss(model, shard(b, rank, world))
         loss.backward()
         err = _guard(opt.step)
         if isinstance(err, Exception):
-            return {"error": err}
+            return err
         _guard(opt.zero_grad)
         for p in model.parameters():
             p.grad = None
@@ -136,7 +146,7 @@ def zero1_worker(rank: int, world: int, cls: Callable[..., Any]) -> dict[str, An
         dist.all_reduce(t)
         losses.append(float(t) / world)
     state = _guard(opt.state_tensors)
-    return {"losses": losses, "params": parameters_of(model), "spread": _spread(model),
-            "state_bytes": state if isinstance(state, Exception) else tensor_bytes(state)}
+    return AdamRun(losses, parameters_of(model), _spread(model),
+                   state_bytes=state if isinstance(state, Exception) else tensor_bytes(state))
 
 

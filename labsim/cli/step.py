@@ -6,8 +6,9 @@ The config has three tables::
 
     [model]    preset = "gpt3-175b"           (or layers, hidden, heads, seq_len, vocab, ...;
                                                any Transformer field overrides the preset)
-    [cluster]  preset = "dgx_a100", nodes = 192  (or gpu, nodes, gpus_per_node, intra_node,
-                                               inter_node, nics_per_node)
+    [cluster]  preset = "dgx-a100", nodes = 192  (a name of labsim.cluster.PRESETS, or gpu,
+                                               nodes, gpus_per_node, intra_node, inter_node,
+                                               nics_per_node)
     [plan]     dp = 16, tp = 8, pp = 12, ...  (any Plan field)
 
 ``--trace`` writes the step's Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
@@ -21,7 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-from labsim.cluster import Cluster, dgx_a100, dgx_h100
+from labsim.cluster import Cluster
+from labsim.cluster import cluster as cluster_preset
 from labsim.plan import Plan
 from labsim.sim.step import StepResult, simulate_step
 from labsim.units import fmt_bytes
@@ -31,9 +33,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
-
-CLUSTER_PRESETS = {"dgx_a100": dgx_a100, "dgx_h100": dgx_h100}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="TOML (.toml) or JSON (.json) file: model, cluster, plan")
@@ -75,10 +74,11 @@ def build(config: dict) -> tuple[Transformer, Cluster, Plan]:
     cluster_t = dict(config["cluster"])
     if "preset" in cluster_t:
         preset = cluster_t.pop("preset")
-        if preset not in CLUSTER_PRESETS or set(cluster_t) - {"nodes"}:
-            raise ValueError(f"[cluster] preset must be one of {sorted(CLUSTER_PRESETS)} with "
-                             f"only 'nodes' beside it")
-        cluster = CLUSTER_PRESETS[preset](int(cluster_t.get("nodes", 1)))
+        if set(cluster_t) - {"nodes"}:
+            raise ValueError(f"[cluster] preset = {preset!r} takes only 'nodes' beside it; "
+                             f"for another cluster give gpu, nodes, gpus_per_node, intra_node, "
+                             f"inter_node")
+        cluster = cluster_preset(str(preset), int(cluster_t.get("nodes", 1)))
     else:
         cluster = Cluster(**_fields(Cluster, cluster_t, "cluster"))
     plan = Plan(**_fields(Plan, dict(config["plan"]), "plan"))

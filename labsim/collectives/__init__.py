@@ -7,7 +7,6 @@ nccl-tests defines it.  ``labsim.sim.collectives`` is the simulated face of the 
 """
 
 from labsim.collectives.cost import (
-    PatternRates,
     algbw,
     busbw,
     busbw_factor,
@@ -17,13 +16,11 @@ from labsim.collectives.cost import (
     collective_time_on,
     crossover_bytes,
     group_link,
-    step_time,
-    steps_time,
     wire_bytes,
 )
 from labsim.collectives.schedule import ALGORITHMS, OPS, Pattern, Step, normalize, schedule
 
-__all__ = ["ALGORITHMS", "OPS", "Pattern", "PatternRates", "Step", "algbw", "busbw",
+__all__ = ["ALGORITHMS", "OPS", "Pattern", "Step", "algbw", "busbw",
            "busbw_factor", "collective_lower_bound", "collective_s", "collective_time",
            "collective_time_on", "crossover_bytes", "group_link", "normalize", "schedule",
-           "step_time", "steps_time", "wire_bytes"]
+           "wire_bytes"]

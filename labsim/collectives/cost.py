@@ -44,21 +44,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from labsim.cluster import Cluster, maxmin_rates
+from labsim.cluster import Cluster
 from labsim.collectives.schedule import (
     ALGORITHMS,
     OPS,
     PIPELINE_BYTES,
-    Pattern,
-    Step,
     normalize,
     schedule,
 )
 from labsim.hardware import Link, link
+from labsim.network import PatternRates, steps_time
 
 __all__ = ["ALGORITHMS", "OPS", "algbw", "busbw", "busbw_factor", "collective_lower_bound",
            "crossover_bytes",
-           "collective_time", "collective_time_on", "steps_time"]
+           "collective_time", "collective_time_on"]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -151,49 +150,10 @@ def group_ranks(cluster: Cluster, ranks: Iterable[int] | int | None) -> list[int
     return out
 
 
-class PatternRates:
-    """Latency and max-min fair rates of a pattern alone on a cluster's network (cached)."""
-
-    def __init__(self, cluster: Cluster, achieved: bool) -> None:
-        self.cluster = cluster
-        self.capacity = cluster.pipe_capacities(achieved)
-        self._cache: dict[int, tuple[Pattern, np.ndarray, float, np.ndarray, float]] = {}
-
-    def _entry(self, pattern: Pattern) -> tuple[Pattern, np.ndarray, float, np.ndarray, float]:
-        hit = self._cache.get(id(pattern))
-        if hit is None or hit[0] is not pattern:
-            paths = self.cluster.paths(pattern.src, pattern.dst)
-            alpha = float(self.cluster.latencies(pattern.src, pattern.dst).max())
-            rates = maxmin_rates(paths, self.capacity)
-            uniform = float(rates[0]) if len(rates) and rates.min() == rates.max() else 0.0
-            hit = (pattern, paths, alpha, rates, uniform)
-            self._cache[id(pattern)] = hit
-        return hit
-
-    def get(self, pattern: Pattern) -> tuple[np.ndarray, float, np.ndarray]:
-        """(pipes (m, 2), alpha of the step, rates alone)."""
-        hit = self._entry(pattern)
-        return hit[1], hit[2], hit[3]
-
-    def uniform_rate(self, pattern: Pattern) -> float:
-        """The common rate when every transfer of ``pattern`` alone gets the same, else 0."""
-        return self._entry(pattern)[4]
 
 
-def step_time(step: Step, rates: PatternRates) -> float:
-    """One step alone on the network: its largest alpha plus its slowest transfer."""
-    _, alpha, rate = rates.get(step.pattern)
-    uniform = rates.uniform_rate(step.pattern)
-    if uniform > 0:
-        return alpha + step.max_bytes / uniform
-    if step.min_bytes == step.max_bytes:  # equal transfers: the slowest rate decides
-        return alpha + step.max_bytes / float(rate.min())
-    return alpha + float(np.max(step.nbytes / rate))
 
 
-def steps_time(steps: Iterable[Step], rates: PatternRates) -> float:
-    """Sum over steps of (the step's largest alpha + its slowest transfer at fair rates)."""
-    return sum(step_time(step, rates) for step in steps)
 
 
 def collective_time_on(cluster: Cluster, op: str, nbytes: float,

@@ -97,32 +97,22 @@ def _fmt(x: float) -> str:
     return f"{round(x, 2):g}"
 
 
-def _error(outputs: list[dict]) -> dict | None:
-    return next((o for o in outputs if o.get("type") == "error"), None)
-
-
-def _stdout(outputs: list[dict]) -> str:
-    return "".join(o.get("text", "") for o in outputs if o.get("type") == "stream"
-                   and o.get("name") == "stdout")
-
-
-def score_check(check: rb.Check, record: dict | None, why_not_run: str) -> CheckScore:
+def score_check(check: rb.Check, record: sb.CellRecord | None, why_not_run: str) -> CheckScore:
     """Score one check from the grader's record of its cell (None: the cell never ran)."""
     if record is None:
         return CheckScore(check, 0.0, False, f"not run: {why_not_run}")
-    outputs = record.get("outputs", [])
-    error = _error(outputs)
-    printed = _stdout(outputs).strip()
-    if error is None and record.get("outcome") == "passed":
+    error = record.error
+    printed = record.stdout.strip()
+    if error is None and record.outcome == "passed":
         match = SUMMARY_RE.fullmatch(printed)
         if not check.hidden or (
             match and match["status"] == "PASS" and match["passed"] == match["total"]
         ):
             return CheckScore(check, check.points, True, "passed")
-    if "Timeout of" in record.get("message", ""):
+    if "Timeout of" in record.message:
         return CheckScore(check, 0.0, False, "interrupted: it ran over the cell time limit")
-    if error is not None and error.get("ename") == "CheckFailed":
-        first, _, rest = (error.get("evalue") or "").partition("\n")
+    if error is not None and error.ename == "CheckFailed":
+        first, _, rest = error.evalue.partition("\n")
         match = SUMMARY_RE.fullmatch(first.strip())
         if match and match["status"] == "FAIL" and _same_check(check, match):
             passed, total = int(match["passed"]), int(match["total"])
@@ -134,9 +124,9 @@ def score_check(check: rb.Check, record: dict | None, why_not_run: str) -> Check
             return CheckScore(check, check.points * passed / total, False, detail)
     if error is not None:
         if check.hidden:
-            return CheckScore(check, 0.0, False, f"the check could not run ({error['ename']})")
-        first = (error.get("evalue") or "").splitlines()[:1]
-        what = error["ename"] + (f": {first[0][:300]}" if first else "")
+            return CheckScore(check, 0.0, False, f"the check could not run ({error.ename})")
+        first = error.evalue.splitlines()[:1]
+        what = error.ename + (f": {first[0][:300]}" if first else "")
         return CheckScore(check, 0.0, False, f"the check could not run: {what}")
     if not printed:
         return CheckScore(
@@ -162,7 +152,7 @@ def score_run(
     rebuilt: rb.Rebuilt, run: sb.RunRecord, limits: sb.Limits
 ) -> tuple[str, list[CheckScore], list[str]]:
     """Status, per-check scores and reasons (in words) from one sandboxed run."""
-    records = {r["cell"]: r for r in run.cells}
+    records = {r.cell: r for r in run.cells}
     status, stop, reasons = "ok", "", []
     code_errors = 0
     last = -1  # the last cell whose record counts
@@ -170,8 +160,8 @@ def score_run(
         record = records.get(number)
         if record is None:
             break
-        message = record.get("message", "")
-        if record.get("phase") == "setup":
+        message = record.message
+        if record.phase == "setup":
             status, last = "crashed", number - 1
             stop = "the kernel could not start: " + (message.splitlines() or ["no message"])[0]
             reasons.append(stop)
@@ -181,24 +171,24 @@ def score_run(
             reasons.append(
                 f"{cell.label} ran over the {_fmt(limits.cell_s)} s cell limit and was stopped"
             )
-            if not record.get("kernel_alive"):
+            if not record.kernel_alive:
                 reasons[-1] += "; it ignored the interrupt, so the kernel was stopped"
                 last, stop = number, f"the kernel was stopped after {cell.label} ran too long"
                 break
-        elif record.get("error_kind") == "KernelDied" or not record.get("kernel_alive"):
+        elif record.error_kind == "KernelDied" or not record.kernel_alive:
             status = "crashed"
             stop = f"the kernel died in {cell.label}"
             reasons.append(f"{stop} (os._exit, a crash such as a segfault, or out of memory)")
             last = number
             break
-        elif cell.role in ("exercise", "code") and record.get("outcome") != "passed":
-            error = _error(record.get("outputs", []))
+        elif cell.role in ("exercise", "code") and record.outcome != "passed":
+            error = record.error
             # an unfinished exercise (NotImplementedError) is reported by its checks
-            if error is not None and error.get("ename") != "NotImplementedError":
+            if error is not None and error.ename != "NotImplementedError":
                 if cell.role == "exercise" or not code_errors:
-                    first = (error.get("evalue") or "").splitlines()[:1]
+                    first = error.evalue.splitlines()[:1]
                     reasons.append(
-                        f"{cell.label} raised {error.get('ename')}"
+                        f"{cell.label} raised {error.ename}"
                         + (f": {first[0][:200]}" if first else "")
                     )
                 code_errors += cell.role == "code"

@@ -193,14 +193,79 @@ class PortPool:
 
 
 @dataclass(frozen=True)
+class CellOutput:
+    """One output of a graded cell, as the run's recorder kept it: a ``"stream"`` (``name``,
+    ``text``), an ``"error"`` (``ename``, ``evalue``) or a ``"display"`` (``text``)."""
+
+    kind: str
+    name: str = ""
+    text: str = ""
+    ename: str = ""
+    evalue: str = ""
+
+    @classmethod
+    def from_json(cls, raw: object) -> CellOutput | None:
+        """Read one recorded output; anything malformed is dropped (None)."""
+        if not isinstance(raw, dict) or raw.get("type") not in ("stream", "error", "display"):
+            return None
+        fields = {k: raw.get(k, "") for k in ("name", "text", "ename", "evalue")}
+        return cls(raw["type"], **{k: v if isinstance(v, str) else str(v)
+                                   for k, v in fields.items()})
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """The recorder's line for one cell of a graded run: which ``phase`` of the pytest item
+    it is (``"call"``, or ``"setup"`` when the kernel could not start), the nbval
+    ``outcome``, the exception nbval raised (``error_kind``, ``message``), whether the kernel
+    was alive afterwards, and the cell's ``outputs``."""
+
+    cell: int
+    phase: str = "call"
+    outcome: str = ""
+    error_kind: str = ""
+    message: str = ""
+    timed_out: bool = False
+    kernel_alive: bool = True
+    duration_s: float = 0.0
+    outputs: tuple[CellOutput, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: object) -> CellRecord | None:
+        """Read one recorded line; a line without an integer ``cell`` is dropped (None)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("cell"), int):
+            return None
+        outputs = raw.get("outputs") if isinstance(raw.get("outputs"), list) else []
+        duration = raw.get("duration_s", 0.0)
+        return cls(
+            cell=raw["cell"], phase=str(raw.get("phase", "call")),
+            outcome=str(raw.get("outcome", "")), error_kind=str(raw.get("error_kind", "")),
+            message=str(raw.get("message", "")), timed_out=bool(raw.get("timed_out", False)),
+            kernel_alive=bool(raw.get("kernel_alive", False)),
+            duration_s=float(duration) if isinstance(duration, (int, float)) else 0.0,
+            outputs=tuple(o for o in map(CellOutput.from_json, outputs) if o is not None))
+
+    @property
+    def error(self) -> CellOutput | None:
+        """The cell's error output, if it raised."""
+        return next((o for o in self.outputs if o.kind == "error"), None)
+
+    @property
+    def stdout(self) -> str:
+        """Everything the cell printed to standard output."""
+        return "".join(o.text for o in self.outputs if o.kind == "stream" and o.name == "stdout")
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """What one sandboxed nbval run left behind."""
 
-    cells: tuple[dict, ...]
+    cells: tuple[CellRecord, ...]
     returncode: int | None
     notebook_timed_out: bool
     wall_s: float
     log_tail: str
+    cancelled: bool = False
 
 
 def _kernelspec(workdir: Path, limits: Limits, box: Sandbox) -> None:
@@ -327,7 +392,7 @@ def run_notebook(
     env = _environment(workdir, ports, threads)
     log_path = workdir / "pytest.log"
     start = time.monotonic()
-    timed_out = False
+    timed_out = cancelled = False
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             _command(workdir, limits, box),
@@ -344,6 +409,7 @@ def run_notebook(
                     timed_out = True
                     break
                 if cancel is not None and cancel.is_set():
+                    cancelled = True
                     break
                 try:
                     proc.wait(timeout=POLL_S)
@@ -360,11 +426,12 @@ def run_notebook(
         notebook_timed_out=timed_out,
         wall_s=wall_s,
         log_tail=_tail(log_path),
+        cancelled=cancelled,
     )
 
 
-def _read_cells(path: Path) -> list[dict]:
-    cells: list[dict] = []
+def _read_cells(path: Path) -> list[CellRecord]:
+    cells: list[CellRecord] = []
     if not path.exists():
         return cells
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -373,8 +440,9 @@ def _read_cells(path: Path) -> list[dict]:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 break  # a line cut short by a kill
-            if isinstance(record, dict) and isinstance(record.get("cell"), int):
-                cells.append(record)
+            cell = CellRecord.from_json(record)
+            if cell is not None:
+                cells.append(cell)
     return cells
 
 

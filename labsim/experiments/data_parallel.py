@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -24,9 +25,24 @@ def _mlp(width: int, depth: int) -> nn.Module:
     return nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.ReLU())])
 
 
+@dataclass(frozen=True)
+class OverlapTiming:
+    """Median seconds per training step on one rank: backward alone (``compute_s``), the
+    gradients' all-reduce alone (``comm_s``), naive DDP, ``DataParallelBucket`` and PyTorch's
+    ``DistributedDataParallel``; the bucket count and the gradient bytes."""
+
+    compute_s: float
+    comm_s: float
+    naive_s: float
+    bucket_s: float
+    ddp_s: float
+    buckets: int
+    grad_bytes: float
+
+
 def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 8,
                           batch: int = 32, cap_bytes: float = 4e6,
-                          repeat: int = 5) -> dict[str, float]:
+                          repeat: int = 5) -> OverlapTiming:
     """Median seconds per training step of an MLP (fp32) on this rank, for: backward only
     (no communication), the gradients' all-reduce alone, naive DDP (all-reduce after
     backward), ``DataParallelBucket`` (overlapped) and ``DistributedDataParallel``."""
@@ -51,19 +67,19 @@ def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 
         return statistics.median(samples)
 
     plain = _mlp(width, depth)
-    out = {"compute_s": timed(step_fn(plain, lambda: None))}
+    compute_s = timed(step_fn(plain, lambda: None))
     flat = torch.zeros(sum(p.numel() for p in plain.parameters()))
-    out["comm_s"] = timed(lambda: dist.all_reduce(flat))
-    out["naive_s"] = timed(step_fn(plain, partial(average_gradients, plain)))
+    comm_s = timed(lambda: dist.all_reduce(flat))
+    naive_s = timed(step_fn(plain, partial(average_gradients, plain)))
     del plain  # one model at a time keeps the workers' memory small
     bucket = DataParallelBucket(_mlp(width, depth), bucket_cap_bytes=cap_bytes)
-    out["bucket_s"] = timed(step_fn(bucket, bucket.finish_gradient_synchronization))
-    out["buckets"] = len(bucket.buckets)
+    bucket_s = timed(step_fn(bucket, bucket.finish_gradient_synchronization))
+    buckets = len(bucket.buckets)
     del bucket
     ddp = nn.parallel.DistributedDataParallel(_mlp(width, depth),
                                               bucket_cap_mb=cap_bytes / 2**20)
-    out["ddp_s"] = timed(step_fn(ddp, lambda: None))
-    out["grad_bytes"] = float(flat.numel() * 4)
-    return out
+    ddp_s = timed(step_fn(ddp, lambda: None))
+    return OverlapTiming(compute_s, comm_s, naive_s, bucket_s, ddp_s, buckets,
+                         float(flat.numel() * 4))
 
 

@@ -32,6 +32,18 @@ def pick_device(prefer: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def rank_device() -> torch.device:
+    """The device this process group rank computes on: its own GPU (``LOCAL_RANK``, as torchrun
+    and ``labsim.lab.launch`` set it) when the group runs on NCCL, else the CPU (gloo)."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
 def device_name(device: torch.device | str | None = None) -> str:
     """A human name: 'NVIDIA H100 80GB HBM3', 'Apple MPS' or 'CPU (2 threads)'."""
     device = torch.device(device) if device is not None else pick_device()

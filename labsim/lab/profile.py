@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from labsim.precision import DTYPE_BYTES
+
 # Operators that do no arithmetic and move no data (or only forward to another operator).
 NON_KERNEL_OPS = frozenset(
     {
@@ -46,9 +48,11 @@ NON_KERNEL_OPS = frozenset(
     }
 )
 
-_DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
-    "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2,
+# the profiler's C++ type names -> labsim's dtype names (bytes from labsim.precision)
+_PROFILER_DTYPES = {
+    "float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
+    "long int": "int64", "int": "int32", "bool": "bool", "unsigned char": "uint8",
+    "signed char": "int8", "short int": "int16",
 }
 
 
@@ -112,11 +116,11 @@ class OpCounts:
 
 
 def _tensor_bytes(shape: Any, dtype: str) -> float:
-    if not isinstance(shape, (list, tuple)) or dtype not in _DTYPE_BYTES:
+    if not isinstance(shape, (list, tuple)) or dtype not in _PROFILER_DTYPES:
         return 0.0
     if len(shape) == 0 or not all(isinstance(s, int) for s in shape):
         return 0.0  # scalars and non-tensor arguments
-    return float(math.prod(shape) * _DTYPE_BYTES[dtype])
+    return float(math.prod(shape) * DTYPE_BYTES[_PROFILER_DTYPES[dtype]])
 
 
 def _broadcast_numel(shapes: list) -> int:
@@ -136,7 +140,8 @@ def _op_bytes(name: str, shapes: list, dtypes: list) -> float:
         return read
     if name.endswith("_"):  # in-place: the first operand is also written
         return read + (_tensor_bytes(shapes[0], dtypes[0]) if shapes else 0.0)
-    sizes = [_DTYPE_BYTES.get(d, 0) for s, d in zip(shapes, dtypes) if s]
+    sizes = [DTYPE_BYTES[_PROFILER_DTYPES[d]] if d in _PROFILER_DTYPES else 0
+             for s, d in zip(shapes, dtypes) if s]
     out_elem = max(sizes) if sizes else 0
     return read + _broadcast_numel(shapes) * out_elem
 

@@ -1,5 +1,11 @@
-"""One module per parallelism axis: what each axis does, as data and closed forms (no simpy).
+"""The torch.distributed reference code, one module per parallelism axis (picotron's layout).
 
-``pipeline``: pipeline schedules (GPipe, 1F1B, interleaved 1F1B) as per-stage op lists, and the
-closed-form bubble.
+``data_parallel``: DDP by hand (``DataParallelNaive`` -> ``DataParallelBucket``); ``zero``:
+ZeRO-1 Adam by hand and FSDP2's ``fully_shard``; ``tensor_parallel``: Megatron's column- and
+row-parallel MLP with the ``f`` / ``g`` operators; ``pipeline``: stages on processes running a
+schedule from ``labsim.pipeline`` with point-to-point sends.  Each module's ``demo(rank,
+world)`` runs under ``torchrun --nproc_per_node=N -m labsim.lab.worker labsim.parallel.<axis>:demo``
+(gloo on CPUs, NCCL on GPUs, the model on the rank's device) and checks itself against one
+process.  Schedules as data and closed forms live in the values layer (``labsim.pipeline``,
+``labsim.memory``, ``labsim.collectives``).
 """

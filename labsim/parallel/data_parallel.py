@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,8 +38,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DataParallelBucket", "DataParallelNaive", "TrapNet", "lm_loss", "make_tokens",
-           "shard", "average_gradients", "broadcast_parameters", "demo"]
+from labsim.lab.device import rank_device
+
+__all__ = ["DataParallelBucket", "DataParallelNaive", "TrainingRun", "TrapNet", "lm_loss",
+           "make_tokens", "shard", "average_gradients", "broadcast_parameters", "demo"]
 
 
 class TrapNet(nn.Module):
@@ -209,11 +212,13 @@ class DataParallelBucket(nn.Module):
 def demo(rank: int, world: int) -> float:
     """torchrun smoke test: 3 SGD steps of bucketed DDP on ``TrapNet``; returns the largest
     difference between this rank's parameters and rank 0's (0.0 when right)."""
+    device = rank_device()
     torch.manual_seed(rank)  # replicas start different; the broadcast makes them equal
-    model = DataParallelBucket(TrapNet().double(), bucket_cap_bytes=200)
+    model = DataParallelBucket(TrapNet().double().to(device), bucket_cap_bytes=200)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
-        loss = lm_loss(model, shard(make_tokens(step, 4 * world), rank, world))
+        tokens = shard(make_tokens(step, 4 * world), rank, world).to(device)
+        loss = lm_loss(model, tokens)
         loss.backward()
         model.finish_gradient_synchronization()
         opt.step()
@@ -224,16 +229,26 @@ def demo(rank: int, world: int) -> float:
     return float((flat - ref).abs().max())
 
 
+@dataclass(frozen=True)
+class TrainingRun:
+    """What a training run produced on one rank (or in one process): each step's loss, the
+    final parameters, and how far this rank's parameters ended from rank 0's."""
+
+    losses: list[float]
+    params: dict[str, torch.Tensor]
+    spread: float = 0.0
+
+
 def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of every named parameter (tied ones once), for comparisons."""
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
 def serial_reference(init_seed: int, batches: Sequence[torch.Tensor], lr: float = 0.1,
-                     accumulate: int = 1) -> dict[str, Any]:
+                     accumulate: int = 1) -> TrainingRun:
     """One process on whole batches: SGD steps on ``TrapNet`` (float64) initialised with
     ``init_seed``; ``accumulate`` micro-batches per step (each batch split row-wise).
-    Returns the losses and the final parameters."""
+    Returns the losses and the final parameters (a ``TrainingRun``)."""
     torch.manual_seed(init_seed)
     model = TrapNet().double()
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -247,4 +262,4 @@ def serial_reference(init_seed: int, batches: Sequence[torch.Tensor], lr: float 
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    return {"losses": losses, "params": parameters_of(model)}
+    return TrainingRun(losses, parameters_of(model))

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labsim.lab.device import rank_device
+
 __all__ = ["ZeroAdam", "shard_bounds", "demo", "fsdp_wrap"]
 
 
@@ -67,12 +69,13 @@ class ZeroAdam:
     @torch.no_grad()
     def step(self) -> None:
         grads = torch.cat([p.grad.reshape(-1) if p.grad is not None else
-                           torch.zeros(p.numel(), dtype=p.dtype) for p in self.params])
+                           torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                           for p in self.params])
         dist.all_reduce(grads)  # real ZeRO: reduce_scatter (each rank keeps its shard)
         grads.div_(self.world)
         self.shard.grad = grads[self.start:self.end].clone()
         self.inner.step()
-        piece = torch.zeros(self.chunk, dtype=self.shard.dtype)
+        piece = torch.zeros(self.chunk, dtype=self.shard.dtype, device=self.shard.device)
         piece[:self.end - self.start] = self.shard
         gathered = [torch.empty_like(piece) for _ in range(self.world)]
         dist.all_gather(gathered, piece)
@@ -91,8 +94,7 @@ def fsdp_wrap(model: nn.Module, world: int) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (world,))
+    mesh = init_device_mesh(rank_device().type, (world,))
     for child in model.children():
         if any(p.requires_grad for p in child.parameters()):
             fully_shard(child, mesh=mesh)
@@ -111,12 +113,14 @@ def demo(rank: int, world: int) -> float:
         shard,
     )
 
+    device = rank_device()
     torch.manual_seed(rank)
-    model = TrapNet().double()
+    model = TrapNet().double().to(device)
     broadcast_parameters(model)
     opt = ZeroAdam(model.parameters(), lr=0.01)
     for step in range(3):
-        lm_loss(model, shard(make_tokens(step, 4 * world), rank, world)).backward()
+        tokens = shard(make_tokens(step, 4 * world), rank, world).to(device)
+        lm_loss(model, tokens).backward()
         opt.step()
         opt.zero_grad()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -8,6 +8,7 @@ whose ``_repr_png_`` lets IPython display it exactly once, when a cell returns i
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -21,6 +22,7 @@ class LabFigure(Figure):
         return buf.getvalue()
 
 
-def new_figure(figsize: tuple[float, float] = (8.0, 5.0)) -> LabFigure:
-    """A new free-standing figure (not tracked by pyplot)."""
-    return LabFigure(figsize=figsize)
+def new_figure(figsize: tuple[float, float] = (8.0, 5.0), **kwargs: Any) -> LabFigure:
+    """A new free-standing figure (not tracked by pyplot); ``kwargs`` go to ``Figure``
+    (``layout="constrained"``, ...).  Every figure labsim draws is made here."""
+    return LabFigure(figsize=figsize, **kwargs)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from labsim.cluster import Cluster
 from labsim.collectives import busbw, collective_time_on
+from labsim.plots._figure import new_figure
 
 
 def busbw_curves(clusters: Cluster | Sequence[Cluster], op: str = "allreduce",
@@ -27,7 +27,8 @@ def busbw_curves(clusters: Cluster | Sequence[Cluster], op: str = "allreduce",
     # powers of two (1 KiB .. 8 GiB): divisible by power-of-two rank counts, like nccl-tests
     sizes = 2.0 ** np.arange(10, 34) if sizes is None else np.asarray(sizes)
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = new_figure((7, 4))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     for c in clusters:

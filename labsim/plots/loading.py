@@ -1,7 +1,7 @@
 """Utilisation over time: which stream was busy when, and the GPU's busy fraction in a window.
 
 Reads a ``Trace`` only (simulated by ``labsim.sim.loading`` or measured by
-``labsim.lab.loading.LoopTimes.to_trace``): the top panel draws one row per stream (the
+``labsim.experiments.loading.LoopTimes.to_trace``): the top panel draws one row per stream (the
 training loop "main", then "worker i"), the bottom panel the fraction of each sliding window
 the training loop spent in "compute" -- what ``nvidia-smi`` reports as GPU utilisation
 (the share of time a kernel was running, averaged over its sample period).
@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from labsim.plots._figure import new_figure
 from labsim.trace import Trace
 
 COLOURS = {"compute": "#2ca02c", "wait": "#d62728", "load": "#1f77b4", "idle": "#bbbbbb"}
@@ -45,7 +46,7 @@ def utilisation_timeline(trace: Trace, *, window_s: float | None = None,
     shown = [s for s in streams if not s.startswith("worker ")]
     workers = [s for s in streams if s.startswith("worker ")]
     shown += workers[:max_workers_shown]
-    fig = Figure(figsize=(9, 1.2 + 0.35 * len(shown) + 1.6))
+    fig = new_figure((9, 1.2 + 0.35 * len(shown) + 1.6))
     top, bottom = fig.subplots(2, 1, sharex=True,
                                gridspec_kw={"height_ratios": [max(1, len(shown)), 2.5]})
     for row, stream in enumerate(shown):
@@ -83,7 +84,7 @@ def utilisation_timeline(trace: Trace, *, window_s: float | None = None,
 def sweep_figure(x: list[float], series: dict[str, list[float]], *, xlabel: str,
                  ylabel: str, title: str = "", percent: bool = False) -> Figure:
     """Lines of measured / simulated / predicted values over one swept setting."""
-    fig = Figure(figsize=(6, 3.4))
+    fig = new_figure((6, 3.4))
     ax = fig.subplots()
     for (name, ys), marker in zip(series.items(), "os^dvx*"):
         ys = [y * 100 for y in ys] if percent else ys

@@ -7,11 +7,11 @@ all-reduce loads NICs and NVLink in turn.
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from labsim.plots._figure import new_figure
 from labsim.sim.collectives import CollectiveResult
 
 
@@ -26,7 +26,8 @@ def link_utilisation(result: CollectiveResult, *, ax: Axes | None = None,
     groups = [("GPU port tx", util[:n]), ("GPU port rx", util[n:2 * n]),
               ("NIC tx", util[2 * n:2 * n + m]), ("NIC rx", util[2 * n + m:])]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 3.2))
+        fig = new_figure((10, 3.2))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     start = 0

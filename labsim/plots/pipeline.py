@@ -12,6 +12,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from labsim.plots._figure import new_figure
+
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#937860",
            "comm": "#55A868", "send": "#64B5CD", "optimizer": "#8172B3"}
 _UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
@@ -31,7 +33,7 @@ def pipeline_gantt(result: object, *, streams: tuple[str, ...] = ("compute",),
     rows = [(st, stream) for st in stages for stream in streams]
     index = {row: i for i, row in enumerate(rows)}
     if ax is None:
-        fig = Figure(figsize=(11, 0.32 * max(len(rows), 3) + 1.4))
+        fig = new_figure((11, 0.32 * max(len(rows), 3) + 1.4))
         ax = fig.subplots()
     else:
         fig = ax.figure

@@ -1,6 +1,6 @@
 """A mixed-precision run step by step: loss, loss scale and gradient norm, skipped steps marked.
 
-Reads an ``AmpRun`` (``labsim.lab.precision.train_amp``).  A skipped step has an infinite or
+Reads an ``AmpRun`` (``labsim.experiments.precision.train_amp``).  A skipped step has an infinite or
 NaN gradient norm; it is drawn as a red mark on every panel so that the loss curve, which
 hides skipped steps, can be read against the scale and the norm (what to watch, claim 002-11).
 """

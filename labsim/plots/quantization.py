@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from labsim.hardware import GPU
 from labsim.hardware import gpu as _gpu
+from labsim.plots._figure import new_figure
 from labsim.quantization import decode_cost, int8_decode_speedup, llama2_7b, matmul_cost
 from labsim.workload import Transformer
 
@@ -31,7 +32,7 @@ def int8_decode(
     """Two panels: decode on the roofline, and the int8 speed-up bound against batch size."""
     g = _gpu(gpu)
     layer = model if model is not None else llama2_7b()
-    fig = Figure(figsize=(11, 4.3), layout="constrained")
+    fig = new_figure((11, 4.3), layout="constrained")
     ax, bx = fig.subplots(1, 2)
     x = np.logspace(-1, 4, 256)
     for dtype, style in (("fp16", "-"), ("int8", "--")):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from labsim.plots._figure import new_figure
 from labsim.trace import Trace
 
 _COLOURS = {"compute": "#4C72B0", "forward": "#4C72B0", "backward": "#DD8452",
@@ -50,7 +50,8 @@ def gantt(trace: Trace, *, ranks: Sequence[int] | None = None, max_rows: int = 3
     rows = rows[:max_rows]
     index = {row: i for i, row in enumerate(rows)}
     if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 0.35 * max(len(rows), 2) + 1.2))
+        fig = new_figure((10, 0.35 * max(len(rows), 2) + 1.2))
+        ax = fig.subplots()
     else:
         fig = ax.figure
     t0 = trace.start_s

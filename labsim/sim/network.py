@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from labsim.cluster import Cluster, maxmin_rates
-from labsim.collectives import PatternRates
+from labsim.cluster import Cluster
 from labsim.collectives.schedule import Pattern, Step
+from labsim.network import PatternRates, maxmin_rates
 
 
 @dataclass(eq=False)

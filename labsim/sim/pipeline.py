@@ -20,7 +20,66 @@ from functools import cached_property
 import simpy
 
 from labsim.pipeline import Op, make_schedule, max_in_flight
-from labsim.trace import Trace
+from labsim.trace import Span, Trace
+
+
+@dataclass(slots=True)
+class OpSpan:
+    """A forward, backward, recompute, TP/ZeRO communication or send of one pipeline op:
+    ``op`` ("F" or "B") of micro-batch ``microbatch`` on model chunk ``chunk``.  Built raw
+    (no label) while simulating; ``to_span`` makes the ``Trace`` span when one is asked for."""
+
+    rank: int
+    stream: str
+    kind: str
+    start_s: float
+    end_s: float
+    op: str
+    microbatch: int
+    chunk: int
+
+    def to_span(self, chunked: bool) -> Span:
+        label = f"{self.op}{self.microbatch}" + (f" chunk {self.chunk}" if chunked else "")
+        if self.kind == "send":
+            label = f"send {label}"
+        elif self.kind == "comm":
+            label = f"{label} TP/ZeRO"
+        return Span(self.rank, self.stream, self.kind, self.start_s, self.end_s, label)
+
+
+@dataclass(slots=True)
+class CommSpan:
+    """A gradient-reduction, parameter-gather or optimizer span of a step (not tied to one
+    pipeline op): ``label``, the payload ``nbytes`` and extra trace ``args``."""
+
+    rank: int
+    stream: str
+    kind: str
+    start_s: float
+    end_s: float
+    label: str
+    nbytes: float = 0.0
+    args: dict = field(default_factory=dict)
+
+    def to_span(self, chunked: bool) -> Span:
+        return Span(self.rank, self.stream, self.kind, self.start_s, self.end_s, self.label,
+                    self.nbytes, dict(self.args))
+
+
+RawSpan = OpSpan | CommSpan
+
+
+@dataclass(slots=True)
+class StageStats:
+    """What one pipeline stage did in a run: compute-stream busy seconds, its first start and
+    last end, the (start, end) of each model chunk's last backward (its gradients are final
+    then) and the peak number of (micro-batch, chunk) activations it held."""
+
+    busy_s: float = 0.0
+    first_s: float = 0.0
+    last_s: float = 0.0
+    last_backward: dict[int, tuple[float, float]] = field(default_factory=dict)
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,11 +97,10 @@ class ChunkCost:
     param_bytes: float
 
 
-def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkCost], p2p: dict,
-                  spans: list) -> list[dict]:
-    """Execute the schedule with simpy; append raw span tuples to ``spans``; return per stage
-    its busy time, first start, last end, each chunk's last backward and the in-flight peak.
-    """
+def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkCost],
+                 p2p: dict[tuple[int, int], float], spans: list[RawSpan]) -> list[StageStats]:
+    """Execute the schedule with simpy, appending an ``OpSpan`` per op and message to
+    ``spans``; ``p2p[(a, b)]`` is the seconds of one message from stage a to b."""
     n_chunks = p * v
     schedule = make_schedule(schedule_name, p, m, v)
     env = simpy.Environment()
@@ -50,7 +108,7 @@ def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkC
     arrivals: dict[tuple, simpy.Event] = {}
     link_free: dict[tuple[int, int], float] = {}
     record = spans.append
-    stats = [{"busy": 0.0, "first": 0.0, "last": 0.0, "last_bwd": {}} for _ in range(p)]
+    stats = [StageStats() for _ in range(p)]
 
     # A message's arrival time is known when it is sent; ``arrivals`` holds that time, or,
     # when the receiver asked first, the event it waits on.  Each stage keeps its own clock
@@ -62,7 +120,7 @@ def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkC
         start = max(ready, link_free.get((src, dst), 0.0))
         end = start + p2p[(src, dst)]
         link_free[(src, dst)] = end
-        record((src, "p2p", "send", start, end, key))
+        record(OpSpan(src, "p2p", "send", start, end, *key))
         waiting = arrivals.get(key)
         if waiting is None:
             arrivals[key] = end
@@ -73,7 +131,7 @@ def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkC
         busy = 0.0
         t = 0.0  # this stage's clock: when it is free for its next op
         first = None
-        last_bwd = stats[s]["last_bwd"]
+        last_bwd = stats[s].last_backward
         for kind, mb, chunk in ops:
             g = chunk * p + s
             c = chunks[g]
@@ -97,56 +155,44 @@ def run_pipeline(schedule_name: str, p: int, m: int, v: int, chunks: list[ChunkC
             if first is None:
                 first = start
             if forward:
-                record((s, "compute", "forward", start, start + work, (kind, mb, g)))
+                record(OpSpan(s, "compute", "forward", start, start + work, kind, mb, g))
             else:
                 if c.t_rec > 0:
-                    record((s, "compute", "recompute", start, start + c.t_rec, (kind, mb, g)))
-                record((s, "compute", "backward", start + c.t_rec, start + work, (kind, mb, g)))
+                    record(OpSpan(s, "compute", "recompute", start, start + c.t_rec, kind, mb, g))
+                record(OpSpan(s, "compute", "backward", start + c.t_rec, start + work, kind, mb,
+                              g))
                 last_bwd[g] = (start, end)
             if comm > 0:
-                record((s, "compute", "comm", start + work, end, (kind, mb, g)))
+                record(OpSpan(s, "compute", "comm", start + work, end, kind, mb, g))
             if forward:
                 if g < n_chunks - 1:
                     send(("F", mb, g + 1), s, (g + 1) % p, end)
             elif g > 0:
                 send(("B", mb, g - 1), s, (g - 1) % p, end)
-        stats[s].update(busy=busy, first=first, last=t)
+        st = stats[s]
+        st.busy_s, st.first_s, st.last_s = busy, first or 0.0, t
 
     for s in range(p):
         env.process(stage(s, schedule[s]))
     env.run()
     for s in range(p):
-        stats[s]["in_flight"] = max_in_flight(schedule[s])
+        stats[s].in_flight = max_in_flight(schedule[s])
     return stats
 
 
-def time_by_kind(spans: list, rank: int) -> dict[str, float]:
+def time_by_kind(spans: list[RawSpan], rank: int) -> dict[str, float]:
     """Seconds per span kind on ``rank`` (what ``Trace.time_by_kind`` gives, without the
     trace)."""
     totals: dict[str, float] = {}
-    for r, _stream, kind, start, end, _what in spans:
-        if r == rank:
-            totals[kind] = totals.get(kind, 0.0) + end - start
+    for sp in spans:
+        if sp.rank == rank:
+            totals[sp.kind] = totals.get(sp.kind, 0.0) + sp.end_s - sp.start_s
     return totals
 
 
-def build_trace(spans: list, chunked: bool) -> Trace:
-    """Turn the raw spans of a run into a ``Trace`` (built only when asked for).  A raw span
-    ends with ``(op, microbatch, chunk)`` for pipeline work or ``[label, nbytes, args]``."""
-    trace = Trace(detail="op")
-    for rank, stream, kind, start, end, what in spans:
-        if isinstance(what, tuple):
-            op, mb, g = what
-            label = f"{op}{mb}" + (f" chunk {g}" if chunked else "")
-            if kind == "send":
-                label = f"send {label}"
-            elif kind == "comm":
-                label = f"{label} TP/ZeRO"
-            trace.add(rank, stream, kind, start, end, label)
-        else:
-            label, nbytes, args = what
-            trace.add(rank, stream, kind, start, end, label, nbytes=nbytes, **args)
-    return trace
+def build_trace(spans: list[RawSpan], chunked: bool) -> Trace:
+    """Turn the raw spans of a run into a ``Trace`` (built only when asked for)."""
+    return Trace((sp.to_span(chunked) for sp in spans), detail="op")
 
 
 @dataclass(frozen=True)
@@ -156,7 +202,7 @@ class PipelineResult:
     step_time_s: float
     bubble_fraction: float
     in_flight: tuple[int, ...]  # peak (micro-batch, chunk) activations held, per stage
-    spans: list = field(repr=False, compare=False)
+    spans: list[RawSpan] = field(repr=False, compare=False)
 
     @cached_property
     def trace(self) -> Trace:
@@ -171,10 +217,10 @@ def simulate_pipeline(p: int, m: int, t_f: float, t_b: float, *, schedule: str =
     ``pipeline_time(p, m, t_f, t_b)``."""
     chunk = ChunkCost(t_f / v, t_b / v, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     links = {(a, b): p2p_s for a in range(p) for b in range(p)}
-    spans: list = []
+    spans: list[RawSpan] = []
     stats = run_pipeline(schedule, p, m, v, [chunk] * (p * v), links, spans)
-    end = max(st["last"] for st in stats)
-    bubble = sum(1.0 - st["busy"] / end for st in stats) / p
-    return PipelineResult(end, bubble, tuple(st["in_flight"] for st in stats), spans)
+    end = max(st.last_s for st in stats)
+    bubble = sum(1.0 - st.busy_s / end for st in stats) / p
+    return PipelineResult(end, bubble, tuple(st.in_flight for st in stats), spans)
 
 

@@ -40,7 +40,15 @@ from labsim.collectives.cost import collective_s, group_link, wire_bytes
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params, training_memory
 from labsim.plan import Plan
-from labsim.sim.pipeline import ChunkCost, build_trace, run_pipeline, time_by_kind
+from labsim.sim.pipeline import (
+    ChunkCost,
+    CommSpan,
+    RawSpan,
+    StageStats,
+    build_trace,
+    run_pipeline,
+    time_by_kind,
+)
 from labsim.trace import Trace
 from labsim.workload import Transformer
 
@@ -71,7 +79,7 @@ class StepResult:
     gpu_memory_bytes: float
     plan: Plan = field(repr=False)
     breakdown: dict = field(default_factory=dict, repr=False)
-    spans: list = field(default_factory=list, repr=False, compare=False)
+    spans: list[RawSpan] = field(default_factory=list, repr=False, compare=False)
 
     @cached_property
     def trace(self) -> Trace:
@@ -116,10 +124,9 @@ class StepResult:
 
 
 def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> list[ChunkCost]:
-    dtype = "fp32" if plan.precision == "fp32" else plan.precision
     lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-                            attention=plan.attention, dtype=dtype)
+                            attention=plan.attention, precision=plan.numerics)
     e = plan.bytes_per_element
     n_chunks = plan.pp * plan.virtual_stages
     per_chunk = int(model.layers) // n_chunks
@@ -146,7 +153,8 @@ def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> 
     z3_f = ag + max(0.0, ag - lc.forward.time_s) * (per_chunk - 1)
     z3_b = ag + max(0.0, ag + rs - lc.backward.time_s - lc.recompute.time_s) * (
         per_chunk - 1) + rs
-    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp, dtype=dtype)
+    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
+                                          precision=plan.numerics)
     chunks = []
     for g in range(n_chunks):
         extra_f = head_f if g == n_chunks - 1 else compute.PassCost()
@@ -191,7 +199,7 @@ def _memory(model: Transformer, plan: Plan, in_flight: int) -> MemoryBreakdown:
     if plan.attention == "flash" and recompute == "none":
         recompute = "selective"
     mem = training_memory(
-        model, precision="fp32" if plan.precision == "fp32" else "mixed",
+        model, precision=plan.numerics,
         optimizer=plan.optimizer, zero_stage=plan.zero_stage, dp=plan.dp,
         micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
         sequence_parallel=plan.sequence_parallel, recompute=recompute, virtual_stages=v)
@@ -216,10 +224,10 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         a, b = g % p, (g + 1) % p
         p2p[(a, b)] = _p2p_time(cluster, plan, model, a, b)
         p2p[(b, a)] = _p2p_time(cluster, plan, model, b, a)
-    spans: list = []
+    spans: list[RawSpan] = []
     stats = run_pipeline(plan.schedule, p, plan.microbatches, plan.virtual_stages, chunks, p2p,
-                          spans)
-    pipeline_end = max(st["last"] for st in stats)
+                         spans)
+    pipeline_end = max(st.last_s for st in stats)
     ends = reduce_gradients(plan, cluster, chunks, stats, gpu, spans)
     zero3_traffic(plan, chunks, spans)
     step = max(ends)
@@ -227,10 +235,9 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     m = plan.microbatches
     flops_model = plan.dp * m * plan.tp * sum(c.flops_model for c in chunks)
     flops_hw = plan.dp * m * plan.tp * sum(c.flops_hw for c in chunks)
-    dtype = "tf32" if plan.precision == "fp32" and "tf32" in gpu.peak_flops else plan.precision
-    peak = gpu.peak(dtype) * gpus
-    bubble = sum(1.0 - st["busy"] / pipeline_end for st in stats) / p
-    mem = _memory(model, plan, stats[0]["in_flight"]) if memory else None
+    peak = gpu.peak(plan.numerics.peak_dtype(gpu)) * gpus
+    bubble = sum(1.0 - st.busy_s / pipeline_end for st in stats) / p
+    mem = _memory(model, plan, stats[0].in_flight) if memory else None
     fits = mem is None or mem.total <= gpu.memory_bytes
     return StepResult(
         step_time_s=step,
@@ -248,8 +255,8 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     )
 
 
-def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost], stats: list[dict],
-                      gpu: GPU, spans: list) -> list[float]:
+def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost],
+                     stats: list[StageStats], gpu: GPU, spans: list[RawSpan]) -> list[float]:
     """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
 
     Buckets of a chunk become ready as its last backward walks the layers in reverse (overlap)
@@ -264,10 +271,10 @@ def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost], stat
     ends = []
     for s in range(p):
         st = stats[s]
-        free = st["last"]
+        free = st.last_s
         comm_free = 0.0
         params = 0.0
-        for g, (b_start, b_end) in sorted(st["last_bwd"].items(), key=lambda kv: kv[1]):
+        for g, (b_start, b_end) in sorted(st.last_backward.items(), key=lambda kv: kv[1]):
             c = chunks[g]
             params += c.param_bytes / plan.bytes_per_element
             if plan.zero_stage == 3 or dp == 1:
@@ -279,28 +286,28 @@ def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost], stat
                 if plan.overlap_grad_reduce:
                     ready = b_start + (b_end - b_start) * (k + 1) / n_buckets
                 else:
-                    ready = st["last"]
+                    ready = st.last_s
                 start = max(ready, comm_free)
                 comm_free = start + t_bucket
-                spans.append((s, "dp", "comm", start, comm_free, [
-                    f"{op} bucket {k} chunk {g}", size,
-                    {"wire_bytes": wire_bytes(op, size, dp), "op": op}]))
+                spans.append(CommSpan(s, "dp", "comm", start, comm_free,
+                                      f"{op} bucket {k} chunk {g}", size,
+                                      {"wire_bytes": wire_bytes(op, size, dp), "op": op}))
         t0 = max(free, comm_free)
         t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
-        spans.append((s, "optimizer", "optimizer", t0, t0 + t_opt, ["optimizer step", 0.0, {}]))
+        spans.append(CommSpan(s, "optimizer", "optimizer", t0, t0 + t_opt, "optimizer step"))
         end = t0 + t_opt
         if plan.zero_stage in (1, 2) and dp > 1:
             nbytes = params * plan.bytes_per_element
             t_ag = collective_s("allgather", nbytes, dp, link)
-            spans.append((s, "dp", "comm", end, end + t_ag, [
-                "allgather parameters", nbytes,
-                {"wire_bytes": wire_bytes("allgather", nbytes, dp), "op": "allgather"}]))
+            spans.append(CommSpan(
+                s, "dp", "comm", end, end + t_ag, "allgather parameters", nbytes,
+                {"wire_bytes": wire_bytes("allgather", nbytes, dp), "op": "allgather"}))
             end += t_ag
         ends.append(end)
     return ends
 
 
-def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list) -> None:
+def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list[RawSpan]) -> None:
     """Record ZeRO-3's per-micro-batch traffic (all-gather before forward and before backward,
     reduce-scatter after backward) as zero-length accounting spans on stage 0's dp stream."""
     if plan.zero_stage != 3 or plan.dp == 1:
@@ -308,8 +315,7 @@ def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list) -> None:
     nbytes = sum(c.param_bytes for c in chunks)
     for i in range(plan.microbatches):
         for op in ("allgather", "allgather", "reduce_scatter"):
-            spans.append((0, "dp", "comm", 0.0, 0.0, [
-                f"ZeRO-3 {op} mb {i}", nbytes,
-                {"wire_bytes": wire_bytes(op, nbytes, plan.dp), "op": op}]))
+            spans.append(CommSpan(0, "dp", "comm", 0.0, 0.0, f"ZeRO-3 {op} mb {i}", nbytes,
+                                  {"wire_bytes": wire_bytes(op, nbytes, plan.dp), "op": op}))
 
 

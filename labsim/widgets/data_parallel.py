@@ -10,7 +10,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from labsim.cluster import cluster
+from labsim.cluster import PRESETS, cluster
 from labsim.plan import Plan
 from labsim.plots.trace import gantt
 from labsim.sim.data_parallel import exposed_comm_s
@@ -46,7 +46,7 @@ def explore_data_parallel(**defaults: Any) -> Any:
     controls = {
         "model": w.Dropdown(options=list(Transformer.presets()), value=start["model"],
                             description="model"),
-        "preset": w.Dropdown(options=["dgx-a100", "dgx-h100", "pcie-a100"],
+        "preset": w.Dropdown(options=list(PRESETS),
                              value=start["preset"], description="cluster"),
         "nodes": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=start["nodes"],
                                    description="nodes"),

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from labsim.hardware import gpu
 from labsim.memory import training_memory
-from labsim.plots.data_parallel import zero_bars
+from labsim.plots.zero import zero_bars
 
 
 def zero_rows(params: float, dp: int) -> list[dict[str, Any]]:

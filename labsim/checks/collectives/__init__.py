@@ -8,6 +8,7 @@ time, and nccl-tests' bus bandwidth.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,17 @@ from labsim.experiments.collectives import AllReduce, rank_tensor
 from labsim.hardware import Link
 
 RING_SIZES = (1, 2, 3, 5, 7, 64, 1000, 10_001)
+
+
+@dataclass(frozen=True)
+class RingCase:
+    """One case of the ring check on one rank: the tensor size and dtype, what the learner's
+    function returned (or the error it raised) and what ``dist.all_reduce`` gives."""
+
+    numel: int
+    dtype: str
+    got: torch.Tensor | Exception
+    expected: torch.Tensor
 RING_DTYPES = (torch.float64,) * 7 + (torch.int64,)
 
 
@@ -51,10 +63,10 @@ def ring_allreduce(fn: Callable[[torch.Tensor], torch.Tensor], nprocs: int = 3,
         # rank 0's view; every rank must agree, so compare all ranks' results
         outcomes, expected = [], []
         for i in range(len(RING_SIZES)):
-            per_rank = [r[i]["got"] for r in result]
+            per_rank = [r[i].got for r in result]
             bad = next((g for g in per_rank if isinstance(g, Exception)), None)
             outcomes.append(bad if bad is not None else per_rank)
-            expected.append([r[i]["expected"] for r in result])
+            expected.append([r[i].expected for r in result])
 
     def lookup(i: int) -> Any:
         if isinstance(outcomes[i], Exception):
@@ -93,7 +105,7 @@ def bus_bandwidth(fn: Callable[[str, float, int, float], float]) -> None:
 
 
 def check_worker(rank: int, world: int, fn: AllReduce, sizes: Sequence[int],
-                 dtypes: Sequence[torch.dtype]) -> list[dict[str, Any]]:
+                 dtypes: Sequence[torch.dtype]) -> list[RingCase]:
     """Run the learner's ``fn`` on each (size, dtype); compare with ``dist.all_reduce``.
 
     Returns per case: the learner's result (a tensor) or the error it raised, and the
@@ -111,6 +123,6 @@ def check_worker(rank: int, world: int, fn: AllReduce, sizes: Sequence[int],
             got = NotImplementedError("the function raised NotImplementedError")
         except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
             got = RuntimeError(f"{type(exc).__name__}: {exc}")
-        out.append({"numel": numel, "dtype": str(dtype), "got": got, "expected": expected})
+        out.append(RingCase(numel, str(dtype), got, expected))
         dist.barrier()
     return out

@@ -1,0 +1,117 @@
+"""Pipeline parallelism by hand: one model cut into stages on real processes, micro-batches
+sent point to point, in the order a schedule gives.
+
+The schedule is data (``labsim.pipeline``: GPipe, 1F1B), the same op lists the simulator
+executes; ``run_stage`` executes one stage's list with ``torch.distributed``:
+
+* ``F i``: receive micro-batch ``i``'s activation from the previous stage (stage 0 takes the
+  input), run the stage's layers, keep input and output for backward, send the output on
+  (the last stage computes the loss instead);
+* ``B i``: receive the gradient of the output from the next stage (the last stage starts from
+  its loss), back-propagate through the stage, send the input's gradient back.
+
+Sends are asynchronous (``isend``) and receives blocking, each tagged with its micro-batch and
+direction, so every rank posts its sends before it waits and no schedule deadlocks.  The
+gradients of the stage's parameters accumulate over the micro-batches (the loss is divided by
+``m``): after the step they equal one process on the whole batch, the oracle ``demo`` checks.
+Interleaved 1F1B (several model chunks per rank) is left to ``torch.distributed.pipelining``.
+
+Runs under ``torchrun --nproc_per_node=N -m labsim.lab.worker labsim.parallel.pipeline:demo``
+(gloo on CPUs, NCCL on GPUs: stages on the rank's device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labsim.lab.device import rank_device
+from labsim.pipeline import Op, make_schedule
+
+__all__ = ["demo", "run_stage", "split_stages"]
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def split_stages(layers: Sequence[nn.Module], stages: int) -> list[nn.Sequential]:
+    """``layers`` cut into ``stages`` consecutive groups of equal size."""
+    if stages < 1 or len(layers) % stages:
+        raise ValueError(f"{len(layers)} layers do not split into {stages} equal stages")
+    per = len(layers) // stages
+    return [nn.Sequential(*layers[s * per:(s + 1) * per]) for s in range(stages)]
+
+
+def _tag(microbatch: int, backward: bool) -> int:
+    return 2 * microbatch + int(backward)
+
+
+def run_stage(stage: nn.Module, ops: Sequence[Op], *, rank: int, world: int,
+              inputs: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
+              loss_fn: Loss, activation_shape: tuple[int, ...],
+              dtype: torch.dtype = torch.float32) -> float:
+    """Execute this rank's ``ops`` (one model chunk per rank); ``inputs`` on stage 0 and
+    ``targets`` on the last stage are the micro-batches.  Returns the summed loss on the last
+    stage (0.0 elsewhere); the stage's ``.grad`` hold the gradients of the mean loss."""
+    device = next(stage.parameters()).device
+    m = len(inputs if inputs is not None else targets or ())
+    if rank == 0 and inputs is None or rank == world - 1 and targets is None:
+        raise ValueError("stage 0 needs the inputs and the last stage the targets")
+    first, last = rank == 0, rank == world - 1
+    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    pending: list[dist.Work] = []
+    total = 0.0
+    for op in ops:
+        i = op.microbatch
+        if op.kind == "F":
+            if first:
+                x = inputs[i].to(device)
+            else:
+                x = torch.empty(activation_shape, dtype=dtype, device=device)
+                dist.recv(x, rank - 1, tag=_tag(i, False))
+                x.requires_grad_(True)
+            y = stage(x)
+            if last:
+                y = loss_fn(y, targets[i].to(device)) / m
+                total += float(y.detach())
+            else:
+                pending.append(dist.isend(y.detach().contiguous(), rank + 1, tag=_tag(i, False)))
+            saved[i] = (x, y)
+        else:
+            x, y = saved.pop(i)
+            if last:
+                y.backward()
+            else:
+                grad = torch.empty_like(y)
+                dist.recv(grad, rank + 1, tag=_tag(i, True))
+                y.backward(grad)
+            if not first:
+                pending.append(dist.isend(x.grad.contiguous(), rank - 1, tag=_tag(i, True)))
+    for work in pending:
+        work.wait()
+    return total
+
+
+def demo(rank: int, world: int, schedule: str = "1f1b", microbatches: int = 4) -> float:
+    """torchrun smoke test: an MLP of ``2 world`` layers pipelined over the ranks with
+    ``schedule`` ("gpipe" or "1f1b") against one process on the whole batch; returns the
+    largest difference of this stage's parameter gradients (0.0 up to rounding when right)."""
+    device = rank_device()
+    width, batch = 16, 8 * microbatches
+    torch.manual_seed(0)  # every rank builds the same whole model and batch
+    layers = [m for _ in range(2 * world) for m in (nn.Linear(width, width), nn.Tanh())]
+    model = nn.Sequential(*layers).double()
+    x = torch.randn(batch, width, dtype=torch.float64)
+    y = torch.randn(batch, width, dtype=torch.float64)
+    nn.functional.mse_loss(model(x), y).backward()
+    stage = split_stages(list(model), world)[rank]
+    ref = [p.grad.clone() for p in stage.parameters()]
+    stage.zero_grad(set_to_none=True)
+    stage.to(device)
+    ops = make_schedule(schedule, world, microbatches)[rank]
+    run_stage(stage, ops, rank=rank, world=world, inputs=list(x.chunk(microbatches)),
+              targets=list(y.chunk(microbatches)), loss_fn=nn.functional.mse_loss,
+              activation_shape=(batch // microbatches, width), dtype=torch.float64)
+    return float(max((p.grad.cpu() - r).abs().max() for p, r in zip(stage.parameters(), ref)))
