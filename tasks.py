@@ -102,9 +102,15 @@ def lab(argv: list[str]) -> int:
         print("No browser to open here: open the http://127.0.0.1:... URL that JupyterLab "
               "prints below (it carries the access token). Stop it with Ctrl-C.", flush=True)
     env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
+    server = subprocess.Popen(cmd, env=env)
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
+        return server.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached JupyterLab too: let it shut down, then go
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.terminate()
+            server.wait()
         return 0
 
 

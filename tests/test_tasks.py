@@ -88,5 +88,8 @@ def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    deadline = time.monotonic() + 30  # exited processes may take a moment to be reaped
+    while _alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not _alive(proc.pid), "processes of the lab command outlived Ctrl-C"
     assert (clone / ".venv").is_dir()  # the clone set itself up, in its own environment
