@@ -58,7 +58,27 @@ def setup(extras: str) -> Path:
             )
             _run(*pip, "torch")
     _run(*pip, "-e", f".[{extras}]", cwd=ROOT)
+    write_lab_overrides(VENV)
     return py
+
+
+# JupyterLab defaults for this environment: widget state saved with the notebook, so a saved
+# lab reopens showing its explorers' last figures instead of "model not found".
+LAB_OVERRIDES = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
+
+
+def write_lab_overrides(prefix: Path) -> Path:
+    """Merge ``LAB_OVERRIDES`` into ``<prefix>/share/jupyter/lab/settings/overrides.json``
+    (JupyterLab's per-environment defaults; a user's own settings still win)."""
+    import json
+
+    path = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for plugin, values in LAB_OVERRIDES.items():
+        current.setdefault(plugin, {}).update(values)
+    path.write_text(json.dumps(current, indent=2) + "\n")
+    return path
 
 
 def ensure_chromium() -> None:

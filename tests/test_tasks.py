@@ -22,8 +22,6 @@ import pytest
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.slow
-
 SETUP_PATIENCE_S = 1500  # a fresh virtual environment: torch, JupyterLab and the course
 
 
@@ -46,6 +44,7 @@ def _alive(pgid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python3 tasks.py lab" in readme  # the command this test runs is the README's
@@ -93,3 +92,21 @@ def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) 
         time.sleep(0.2)
     assert not _alive(proc.pid), "processes of the lab command outlived Ctrl-C"
     assert (clone / ".venv").is_dir()  # the clone set itself up, in its own environment
+
+
+def test_lab_overrides_merge_into_an_environment(tmp_path: Path) -> None:
+    """The JupyterLab defaults tasks.py writes (widget state saved with notebooks) merge with
+    what the environment's overrides.json already says."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tasks", ROOT / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    path = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"other:plugin": {"x": 1}}))
+    assert tasks.write_lab_overrides(tmp_path) == path
+    written = json.loads(path.read_text())
+    assert written["other:plugin"] == {"x": 1}
+    assert written["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
+    assert "write_lab_overrides" in (ROOT / "binder" / "postBuild").read_text()
