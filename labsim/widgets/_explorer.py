@@ -2,10 +2,11 @@
 
 ``Explorer`` is a ``VBox`` of controls and one output area holding exactly one figure. A change
 of a control asks for a redraw; redraws are coalesced so that the latest state always wins: in
-a running kernel the redraw waits ``DEBOUNCE_S`` on the kernel's event loop, so that every
-control change already queued (a slider dragged, keys held) is applied first and drawn once;
-sliders report only where they are released (``continuous_update=False``), so a drag does not
-flood the kernel. Outside a kernel (tests, scripts) a change redraws at once.
+a kernel the redraw runs ``DEBOUNCE_S`` later on a timer thread, so that every control change
+already queued (a slider dragged, keys held) is applied first and drawn once, and a change that
+arrives while a figure is being drawn is drawn next; sliders report only where they are
+released (``continuous_update=False``), so a drag does not flood the kernel. Outside a kernel
+(tests, scripts) a change redraws at once.
 
 Its display bundle carries, beside the live widget, a PNG of the current figure: front ends
 that cannot run widgets (GitHub, nbviewer, nbval, an exported notebook) show that static
@@ -15,14 +16,13 @@ it is replaced and none is shown twice.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as w
-from IPython.display import clear_output, display
 from matplotlib.figure import Figure
 
 DEBOUNCE_S = 0.05
@@ -35,11 +35,25 @@ def figure_png(fig: Figure, dpi: int = 80) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+def _display_data(figure: Figure) -> dict[str, Any]:
+    """The output a figure shows as (PNG and a text stand-in), for an ``Output`` widget."""
+    png = figure._repr_png_() if hasattr(figure, "_repr_png_") else None
+    if png is None:
+        buf = io.BytesIO()
+        figure.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        png = buf.getvalue()
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(png).decode("ascii"),
+                     "text/plain": f"<figure {figure.get_figwidth():g}x"
+                                   f"{figure.get_figheight():g} in>"}}
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (where widget changes arrive as comm messages)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 class Explorer(w.VBox):
@@ -60,6 +74,7 @@ class Explorer(w.VBox):
         self.draws = 0  # how many figures were drawn (a redraw per coalesced change)
         self._png: tuple[int, str] = (-1, "")
         self._pending = False
+        self._lock = threading.Lock()  # one figure is drawn at a time
         for control in self.controls.values():
             if "continuous_update" in control.traits():
                 control.continuous_update = False
@@ -80,24 +95,24 @@ class Explorer(w.VBox):
         return self._png[1]
 
     def _changed(self, _: Any = None) -> None:
-        loop = _running_loop()
-        if loop is None:
+        if not _in_kernel():
             self.redraw()
         elif not self._pending:
             self._pending = True
-            loop.call_later(DEBOUNCE_S, self._flush)
+            threading.Timer(DEBOUNCE_S, self._flush).start()
 
     def _flush(self) -> None:
-        self._pending = False
-        self.redraw()
+        with self._lock:
+            self._pending = False  # a change from now on asks for one more figure
+            self.redraw()
 
     def redraw(self, _: Any = None) -> None:
-        """Draw the figure for the controls' values now, replacing the one on show."""
-        self.figure = self.figure_fn(**self.values)
+        """Draw the figure for the controls' values now, replacing the one on show (safe from
+        a thread: the output area is set, not captured)."""
+        figure = self.figure_fn(**self.values)
+        self.figure = figure
         self.draws += 1
-        with self.out:
-            clear_output(wait=True)
-            display(self.figure)
+        self.out.outputs = (_display_data(figure),)  # one update: never zero or two figures
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)
