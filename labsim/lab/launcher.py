@@ -248,6 +248,16 @@ def _progress_bar(label: str | None, nprocs: int) -> Iterator[_Bar | None]:
         bar.close()
 
 
+def _show(bar: _Bar | None, results: Sequence[Path], elapsed_s: float) -> None:
+    """Bring the bar to the number of ranks that have written their result."""
+    if bar is None:
+        return
+    done = sum(r.exists() for r in results)
+    if done > bar.n:
+        bar.update(done - bar.n)
+    bar.set_postfix_str(f"{elapsed_s:.0f} s")
+
+
 def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
           start: float, timeout_s: float, bar: _Bar | None = None) -> None:
     """Block until every worker is done; raise on a worker's error, a crash or the timeout.
@@ -267,13 +277,11 @@ def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequ
             raise WorkerError(rank, outcome.traceback, outcome.exc_type)
         if bar is not None and time.perf_counter() - shown >= 0.5:  # twice a second
             shown = time.perf_counter()
-            done = sum(r.exists() for r in results)
-            if done > bar.n:
-                bar.update(done - bar.n)
-            bar.set_postfix_str(f"{shown - start:.0f} s")
+            _show(bar, results, shown - start)
         if all_written is None and all(r.exists() for r in results):
             all_written = time.perf_counter()
         if all_written is not None and time.perf_counter() - all_written > EXIT_GRACE_S:
+            _show(bar, results, time.perf_counter() - start)
             return
         for rank, code in enumerate(codes):
             if code is not None and not results[rank].exists():
@@ -281,6 +289,7 @@ def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequ
                                         f"{code})\n--- its output ---\n{_tail(logs[rank])}",
                                   "process exit")
         if all(c is not None for c in codes):
+            _show(bar, results, time.perf_counter() - start)
             return
         if time.perf_counter() - start > timeout_s:
             done = [r for r, c in enumerate(codes) if c is not None]
