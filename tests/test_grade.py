@@ -304,7 +304,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (subs / "folder.ipynb").mkdir()
     big = json.loads(files["good"].read_text())
     big["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout",
-                                   "text": "x" * 20_000_000}]
+                                   "text": "x" * 70_000_000}]
     (subs / "huge.ipynb").write_text(json.dumps(big))
     files.update(fifo=subs / "fifo.ipynb", to_solution=subs / "to_solution.ipynb",
                  to_zero=subs / "to_zero.ipynb", folder=subs / "folder.ipynb",

@@ -265,6 +265,12 @@ def main(config: str) -> int:
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     shutil.copyfile(infolder / "startup.py", startup / "00-labsim-grade.py")
+    owner = cfg.get("owner")
+    if owner is not None:  # this process is root: the learner's uid must own its folders
+        for top in (work, home, out):
+            for dirpath, dirnames, filenames in os.walk(top):
+                for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                    os.chown(name, owner, owner)
     env = {k: v.replace("{folder}", str(folder)) for k, v in cfg["env"].items()}
     argv = [a.replace("{folder}", str(folder)) for a in cfg["argv"]]
     prefix: list[str] = list(cfg.get("learner", []))

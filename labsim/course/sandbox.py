@@ -429,6 +429,7 @@ def run_notebook(
         "argv": _pytest_argv(limits), "notebook_s": limits.notebook_s,
         "exports": list(exports), "export_bytes": EXPORT_BYTES, "missing": missing,
         "learner": learner_prefix(box.drop_uid is not None) if box.namespaces else [],
+        "owner": box.drop_uid if box.namespaces else None,
     }
     (folder / "jail.json").write_text(json.dumps(config), encoding="utf-8")
     jail = [sys.executable, "-m", "labsim.course._jail", str(folder / "jail.json")]

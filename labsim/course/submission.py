@@ -22,7 +22,7 @@ import nbformat
 
 from labsim.course.records import read_regular
 
-MAX_SUBMISSION_BYTES = 16 * 2**20
+MAX_SUBMISSION_BYTES = 64 * 2**20
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISSOCK, "a socket"))
