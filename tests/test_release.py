@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -242,3 +243,23 @@ def test_a_check_cell_must_be_one_call_of_a_labsim_check(tmp_path: Path, source:
     nbformat.write(make_notebook([("code", source)]), solutions / "08_bad.ipynb")
     with pytest.raises(NotebookError, match="check"):
         rel.release(solutions, tmp_path / "labs", run=False)
+
+
+def test_release_and_check_refuse_bad_input_in_one_line(tmp_path: Path, capsys) -> None:
+    from labsim.cli import main
+
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    (solutions / "06_utf16.ipynb").write_bytes('{"cells": []}'.encode("utf-16"))
+    fifo = tmp_path / "lab.ipynb"
+    os.mkfifo(fifo)
+    plain = tmp_path / "plain.ipynb"
+    nbformat.write(make_notebook([("code", "x = 1")]), plain)
+    for argv in (["release", "--jobs", "0"], ["release", "--solutions", str(solutions),
+                                              "--labs", str(tmp_path / "labs")],
+                 ["check", str(tmp_path / "nope.ipynb")], ["check", str(fifo)],
+                 ["check", str(plain)], ["check", str(plain), "--timeout-cell", "nan"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error" in err[0], (argv, err)
