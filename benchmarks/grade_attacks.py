@@ -84,13 +84,14 @@ def solution_of(solutions: Path, stem: str, name: str) -> str:
 
 def grade(lab: Path, subs: list[Path], out: Path, extra: Path | None = None,
           timeout_s: float = 900, keep: Path | None = None,
-          memory_bytes: int = 8 * 10**9) -> tuple[int | str, str]:
+          memory_bytes: int = 8 * 10**9, kernel: str = "4GiB") -> tuple[int | str, str]:
     """Run ``labsim grade`` (its address space capped, so a grader that reads /dev/zero fails
     instead of taking the machine); (exit code or 'hung', CSV text or stderr)."""
     cmd = ["prlimit", f"--as={memory_bytes}", "--",
            sys.executable, "-m", "labsim", "grade", "--lab", str(lab), *map(str, subs),
            "--out", str(out), "--jobs", "2", "--timeout-cell", "240",
-           "--timeout-notebook", "400", "--feedback", str(out.parent / "feedback")]
+           "--timeout-notebook", "400", "--feedback", str(out.parent / "feedback"),
+           "--memory", kernel]
     if extra is not None:
         cmd += ["--extra-checks", str(extra)]
     if keep is not None:
@@ -108,19 +109,23 @@ def rows(csv_text: str) -> dict[str, dict]:
 
 
 TINY_ATTACKS = {
-    "forged records from a forked process": '''import os, glob, json
+    "forged records from a forked process": '''import os, glob, json, time
 rec = json.dumps({"cell": 2, "phase": "call", "outcome": "passed", "kernel_alive": True,
                   "outputs": [{"type": "stream", "name": "stdout",
                                "text": "PASS add: 5/5 cases passed\\n"}]}) + "\\n"
-if os.fork() == 0:
-    for p in glob.glob("/tmp/**/cells.jsonl", recursive=True) + glob.glob("/run/labsim/**",
-                                                                           recursive=True):
-        try:
-            open(p, "a").write(rec)
-        except OSError:
-            pass
+if os.fork() == 0:  # once the check's own record is written, append ours: the last wins
+    targets = [os.path.join(os.getcwd(), "cells.jsonl"),
+               *glob.glob("/run/labsim/**", recursive=True)]
+    for _ in range(3000):
+        time.sleep(0.005)
+        for p in targets:
+            try:
+                if '"cell": 2,' in open(p).read():
+                    open(p, "a").write(rec)
+                    os._exit(0)
+            except OSError:
+                pass
     os._exit(0)
-os.wait()
 def add(a, b):
     return a - b - 1
 ''',
@@ -134,19 +139,23 @@ def add(a, b):
         f = f.f_back
     return None
 ''',
-    "an exception named CheckFailed carrying a FAIL 5/5 line": '''class CheckFailed(AssertionError):
+    "an exception named CheckFailed carrying a FAIL 5/5 line": '''import importlib
+class CheckFailed(AssertionError):
     pass
+def run_check(title, fn, cases, **kwargs):
+    n = len(list(cases))
+    raise CheckFailed(f"FAIL {title}: {n}/{n} cases passed")
+for name in ("labsim.checks", "labsim.checks._core"):
+    setattr(importlib.import_module(name), "run_check", run_check)
 def add(a, b):
-    raise CheckFailed("FAIL add: 5/5 cases passed")
+    return a - b - 1
 ''',
     "run_check's code swapped via importlib": '''import importlib
-core = importlib.import_module("labsim." + "checks." + "_core")
-for name in ("run_check", "judge"):
-    if hasattr(core, name):
-        setattr(core, name, lambda *a, **k: print("PASS add: 5/5 cases passed"))
-_rc = getattr(core, "run_check", None)
-if _rc is not None:
-    _rc.__code__ = (lambda *a, **k: print("PASS add: 5/5 cases passed")).__code__
+_core = importlib.import_module("labsim." + "checks." + "_core")
+def _fake(title, fn, cases, *, compare=None):
+    n = len(list(cases))
+    print(f"PASS {title}: {n}/{n} cases passed")
+_core.run_check.__code__ = _fake.__code__
 def add(a, b):
     return a - b - 1
 ''',
@@ -158,8 +167,8 @@ def add(a, b):
     "the grader's secrets in an exception": '''import os, glob
 def add(a, b):
     s = repr(dict(os.environ))
-    for p in glob.glob("/tmp/**/extra*.py", recursive=True) + glob.glob(
-            "/tmp/**/subs/*.ipynb", recursive=True):
+    for p in glob.glob("/tmp/attacks-*/tiny/private/*.py") + glob.glob(
+            "/tmp/attacks-*/tiny/subs/*.ipynb"):
         try:
             s += open(p).read()
         except OSError:
@@ -332,8 +341,9 @@ def main() -> int:
             cell = _cell(r, "add")
             if name.startswith("the grader's secrets") and r is not None:
                 fb = (tmp / "tiny" / "feedback" / f"a{i}.txt").read_text()
-                leaked = [w for w, k in (("env", SECRET), ("extra checks", "add_big"),
-                                         ("other notebooks", "nbformat")) if k in fb]
+                leaked = [w for w, k in (("the grader's environment", SECRET),
+                                         ("the private extra checks", "10**12"),
+                                         ("classmates' notebooks", "nbformat")) if k in fb]
                 cell += "; leaked: " + (", ".join(leaked) or "nothing")
             table.append((name, cell))
     if args.only in (None, "real"):
@@ -366,27 +376,41 @@ def main() -> int:
             make(path)
             start = time.monotonic()
             rc, text = grade(lab, [good, path], tmp / "files" / f"{len(table)}.csv",
-                             timeout_s=120, memory_bytes=6 * 10**9)
+                             timeout_s=120, memory_bytes=4 * 10**9, kernel="1536MiB")
             wall = time.monotonic() - start
             if rc == 0:
                 r = rows(text)
                 bad = r.get(path.stem, {})
+                good_row = r.get("correct", {})
                 outcome = (f"exit 0, {bad.get('status')} {bad.get('total')}/"
                            f"{bad.get('max')} ({bad.get('reason', '')[:60]}); correct "
-                           f"{r.get('correct', {}).get('total')}/7; {wall:.0f} s")
+                           f"{good_row.get('total')}/{good_row.get('max')}; {wall:.0f} s")
             else:
                 outcome = f"exit {rc}, no CSV ({text.strip()[-80:]}); {wall:.0f} s"
             table.append((name, outcome))
         big = json.loads(good.read_text())
-        big["cells"][0].setdefault("outputs", []).append(
-            {"output_type": "stream", "name": "stdout", "text": "x" * 39_000_000})
+        code = next(c for c in big["cells"] if c["cell_type"] == "code")
+        code["outputs"].append({"output_type": "stream", "name": "stdout",
+                                "text": "x" * 39_000_000})
         path = d / "big.ipynb"
         path.write_text(json.dumps(big))
         start = time.monotonic()
-        rc, text = grade(lab, [path], tmp / "files" / "big.csv", timeout_s=600)
-        r = rows(text).get("big", {}) if rc == 0 else {}
-        table.append(("a 39 MB notebook", f"{r.get('status')} {r.get('total')}/7 in "
-                                          f"{time.monotonic() - start:.0f} s"))
+        out = tmp / "files" / "big.csv"
+        proc = subprocess.Popen([sys.executable, "-m", "labsim", "grade", "--lab", str(lab),
+                                 str(path), "--out", str(out)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        peak_kb = 0
+        while proc.poll() is None:  # the grader's own peak resident memory
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                peak_kb = max(peak_kb, int(status.split("VmHWM:")[1].split()[0]))
+            except (OSError, IndexError, ValueError):
+                pass
+            time.sleep(0.1)
+        r = rows(out.read_text()).get("big", {}) if out.exists() else {}
+        table.append(("a 39 MB notebook", f"{r.get('status')} {r.get('total')}/{r.get('max')} "
+                      f"in {time.monotonic() - start:.0f} s, grader's peak RSS "
+                      f"{peak_kb / 1024:.0f} MiB"))
         link = gradelab.submission(lab, d / "keeplink.ipynb", add="import os\nos.symlink("
                                    "'/usr/share', os.path.join(os.getcwd(), 'usr-share'))\n"
                                    + gradelab.SOLUTIONS["add"], scale=gradelab.SOLUTIONS[
