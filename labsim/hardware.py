@@ -18,7 +18,7 @@ faster (an InfiniBand hop is ~1 us); these figures include the GPU-side software
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -51,6 +51,12 @@ class GPU:
             raise ValueError(f"{self.name}: memory size and bandwidth must be > 0")
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
 
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["peak_flops"] = dict(self.peak_flops)
+        return (_gpu_from_fields, (values,))
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; ValueError if the chip has no such unit."""
         key = dtype.lower()
@@ -64,6 +70,10 @@ class GPU:
     def ridge_point(self, dtype: str = "bf16") -> float:
         """Arithmetic intensity (FLOP/byte) where the roofline turns compute-bound."""
         return self.peak(dtype) / self.memory_bandwidth_Bps
+
+
+def _gpu_from_fields(values: dict) -> GPU:
+    return GPU(**values)
 
 
 @dataclass(frozen=True)
