@@ -139,3 +139,23 @@ def _direct_allreduce(rank: int, world: int) -> dict:
     with OpLog() as log, torch._C.DisableTorchFunction():
         pg.allreduce([torch.ones(4)]).wait()
     return dict(log.counts)
+
+
+def test_trusted_code_an_import_runs_is_not_a_hit(tmp_path) -> None:  # noqa: ANN001
+    """A labsim module computing a constant with a reference while it is imported is its own
+    business; an untrusted module doing the same is caught."""
+    import sys
+
+    from labsim.checks._observe import Tripwire
+
+    (tmp_path / "evil_module.py").write_text(
+        "from labsim.roofline import matmul_flops\nTABLE = matmul_flops(2, 3, 4)\n")
+    sys.path.insert(0, str(tmp_path))
+    wire = Tripwire(reference_codes(ROOFLINE))
+    wire.arm(None)
+    try:
+        import evil_module  # noqa: F401
+    finally:
+        wire.disarm()
+        sys.path.remove(str(tmp_path))
+    assert wire.hits == ["labsim.roofline.matmul_flops"]

@@ -152,7 +152,10 @@ class Tripwire:
             return  # a reference helper called by its own module (a shell class, say)
         f = caller
         while f is not None and f is not self._boundary:
-            if not trusted(f.f_code.co_filename, self.prefixes):
+            filename = f.f_code.co_filename
+            if filename.startswith("<frozen importlib"):
+                return  # trusted code run by an import (a labsim module's own set-up)
+            if not trusted(filename, self.prefixes):
                 if name not in self.hits:
                     self.hits.append(name)
                 return

@@ -269,7 +269,7 @@ def _exercise_references(out_dir: Path, exp: Expectations, scores: list[CheckSco
                          ) -> list[str]:
     """References an exercise cell called while it was defined: flagged, and every check
     forbidding one of them scores 0."""
-    got = read_outcomes_raw(out_dir)
+    got = _exercise_calls(out_dir)
     called = {sanitize(r, 120) for _, refs in got for r in refs if isinstance(r, str)}
     if not called:
         return []
@@ -281,7 +281,8 @@ def _exercise_references(out_dir: Path, exp: Expectations, scores: list[CheckSco
     return [f"an exercise cell calls {', '.join(sorted(called))[:200]}"]
 
 
-def read_outcomes_raw(out_dir: Path) -> list[Any]:
+def _exercise_calls(out_dir: Path) -> list[Any]:
+    """[cell digest, [reference names]] pairs the exercise-cell tripwire wrote, or []."""
     from labsim.course.records import read_regular
 
     text = read_regular(out_dir / "exercises.json", 1 << 20)
