@@ -63,8 +63,10 @@ def main() -> int:
     statuses = {s: sum(r.status == s for r in report.results) for s in gr.STATUSES}
     full = sum(r.total == r.maximum for r in report.results)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    extra = (f" cgroup={getattr(box, 'cgroup', '') or 'none'} uid="
+             f"{getattr(box, 'drop_uid', None)}" if hasattr(box, "cgroup") else "")
     print(f"lab {report.lab}: {args.n} submissions, --jobs {args.jobs}, sandbox "
-          f"namespaces={box.namespaces} prlimit={box.prlimit}")
+          f"namespaces={box.namespaces} prlimit={box.prlimit}{extra}")
     print(f"wall time      {wall:8.1f} s")
     print(f"per run (mean) {sum(runs) / len(runs):8.2f} s   (min {min(runs):.2f}, "
           f"max {max(runs):.2f})")

@@ -61,20 +61,17 @@ def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbfor
 
 
 TINY_LAB = [
-    ("markdown", "# Tiny lab\nSquares and sums."),
-    ("code", "from labsim.checks import Case, run_check"),
-    ("code", 'def square(x):\n    """Return x * x."""\n    ### BEGIN SOLUTION\n'
-             "    return x * x\n    ### END SOLUTION"),
-    ("code", "# NBVAL_CHECK_OUTPUT\n"
-             "run_check('square', square, [Case(f'x={i}', (i,), expected=i * i) "
-             "for i in (-2, 0, 1, 3, 7)])", {"points": 2}),
-    ("code", "class Acc:\n    def total(self, xs):\n        \"\"\"Sum of xs.\"\"\"\n"
-             "        ### BEGIN SOLUTION\n        return sum(xs)\n        ### END SOLUTION"),
-    ("code", "# NBVAL_CHECK_OUTPUT\n"
-             "run_check('total', Acc().total, [Case(f'n={n}', (list(range(n)),), "
-             "expected=n * (n - 1) // 2) for n in range(5)])"),
+    ("markdown", "# Tiny lab\nAdding and scaling."),
+    ("code", "from labsim import checks as check\nimport labsim.checks._tiny"),
+    ("code", 'def add(a, b):\n    """Return a + b."""\n    ### BEGIN SOLUTION\n'
+             "    return a + b\n    ### END SOLUTION"),
+    ("code", "# NBVAL_CHECK_OUTPUT\ncheck._tiny.add(add)", {"points": 2}),
+    ("code", "class Ops:\n    def scale(self, x, k):\n        \"\"\"x times k.\"\"\"\n"
+             "        ### BEGIN SOLUTION\n        return x * k\n        ### END SOLUTION\n\n\n"
+             "scale = Ops().scale"),
+    ("code", "# NBVAL_CHECK_OUTPUT\ncheck._tiny.scale(scale)"),
     ("code", "print('only in the solution')", {"tags": ["solution-only"]}),
-    ("code", "# NBVAL_IGNORE_OUTPUT\nprint(square(4))"),
+    ("code", "# NBVAL_IGNORE_OUTPUT\nprint(add(4, 5))"),
 ]
 
 

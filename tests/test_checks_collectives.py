@@ -1,6 +1,7 @@
 """Lab 07's checks pass on correct answers and fail, explaining, on wrong ones.
 
-The reference ring all-reduce equals dist.all_reduce on awkward sizes (one launch).
+The solution's ring all-reduce passes on awkward sizes (one launch); ``dist.all_reduce`` in
+its place gives the right numbers and fails the ring rule, seen at the dispatcher.
 """
 
 from __future__ import annotations
@@ -8,27 +9,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from labsim import busbw, collective_time, link
-from labsim.checks import CheckFailed
+from labsim import collective_time, link
+from labsim.checks import CheckFailed, Outcome
 from labsim.checks import collectives as check
 from labsim.checks.collectives import check_worker
-from labsim.checks.collectives.reference import ring_allreduce
 from labsim.experiments.collectives import rank_tensor
 from labsim.lab.launcher import launch
 
+from .solution_cells import exercises
+
 pytestmark = pytest.mark.multiprocess
+S = exercises("07_collectives")
 
 
-def ring_time(nbytes, n, bandwidth_Bps, latency_s):
-    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * nbytes / bandwidth_Bps
-
-
-def test_pure_checks_pass_on_reference_answers(capsys):
-    check.ring_time(ring_time)
-    check.bus_bandwidth(busbw)
+def test_pure_checks_pass_on_the_solutions(capsys):
+    check.ring_time(S["ring_allreduce_time"])
+    check.bus_bandwidth(S["bus_bandwidth"])
     assert capsys.readouterr().out.count("PASS") == 2
     # the textbook form is labsim's closed form (line rate) when the size divides
-    assert ring_time(8e9, 8, 300e9, 3.4e-6) == pytest.approx(
+    assert S["ring_allreduce_time"](8e9, 8, 300e9, 3.4e-6) == pytest.approx(
         collective_time("allreduce", 8e9, 8, link("nvlink3"), achieved=False), rel=1e-12)
 
 
@@ -46,17 +45,38 @@ def test_ring_allreduce_check_fails_fast_on_a_stub():
         check.ring_allreduce(stub)
 
 
+def test_the_solution_passes_and_all_reduce_breaks_the_ring_rule(capsys):
+    check.ring_allreduce(S["ring_allreduce"])
+    assert "PASS ring_allreduce: 8/8" in capsys.readouterr().out
+
+    def library(tensor):
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+        return tensor
+
+    with pytest.raises(CheckFailed, match="point to point only") as info:
+        check.ring_allreduce(library)
+    assert "0/8 cases passed" in str(info.value)
+
+
 def both(rank, world):
     sizes = [1, 3, 4, 5, 97, 10_000]
-    dtypes = [torch.float64] * 5 + [torch.int64]
-    return check_worker(rank, world, ring_allreduce, sizes, dtypes)
+    dtypes = ["float64"] * 5 + ["int64"]
+    return check_worker(rank, world, S["ring_allreduce"], sizes, dtypes)
 
 
-def test_ring_equals_all_reduce_on_sizes_the_world_does_not_divide():
+def test_the_worker_reports_each_rank_plain_results_and_messages():
     result = launch(both, 3)
     for per_rank in result:
         for case in per_rank:
-            assert torch.allclose(case.got, case.expected, rtol=1e-12, atol=1e-12), case
+            assert isinstance(case.outcome, Outcome) and not case.outcome.error
+            expected = sum(rank_tensor(r, case.numel, getattr(torch, case.dtype)).double()
+                           for r in range(3))
+            assert torch.allclose(case.outcome.value.double(), expected), case
+            assert case.in_place
+            sends = [m for m in case.outcome.observed["messages"] if m[0] == "c10d::send"]
+            assert len(sends) == (4 if case.numel >= 3 else len(sends))
 
 
 def test_rank_tensors_differ_and_are_deterministic():

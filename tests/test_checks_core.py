@@ -43,7 +43,7 @@ def test_not_implemented_and_exceptions_are_failed_cases() -> None:
 def test_a_check_needs_five_cases_and_a_function() -> None:
     with pytest.raises(ValueError, match=">= 5"):
         run_check("few", abs, CASES[:4])
-    with pytest.raises(CheckFailed, match="expected a function"):
+    with pytest.raises(CheckFailed, match="pass the function itself"):
         run_check("square", 42, CASES)
 
 

@@ -4,15 +4,43 @@ import pytest
 
 from labsim import checks as check
 from labsim.checks import CheckFailed
-from labsim.experiments.loading import time_loop
+from labsim.experiments import loading as reference
 from labsim.loading import loader_busy_fraction
 
 
-def test_references_pass(capsys):
+def time_loop(batches, step, *, sync=lambda: None, clock=None):
+    wait_s, step_s = [], []
+    t = clock()
+    for batch in batches:
+        got = clock()
+        step(batch)
+        sync()
+        done = clock()
+        wait_s.append(got - t)
+        step_s.append(done - got)
+        t = done
+    return wait_s, step_s
+
+
+def busy_fraction(num_workers, load_time_s, step_time_s):
+    if num_workers == 0:
+        return step_time_s / (load_time_s + step_time_s)
+    return 1.0 if load_time_s == 0 else min(1.0, num_workers * step_time_s / load_time_s)
+
+
+def test_solutions_pass(capsys):
     check.loading.time_loop(time_loop)
-    check.loading.busy_fraction(loader_busy_fraction)
+    check.loading.busy_fraction(busy_fraction)
     out = capsys.readouterr().out.splitlines()
     assert out == ["PASS time_loop: 6/6 cases passed", "PASS busy_fraction: 8/8 cases passed"]
+
+
+@pytest.mark.parametrize(("name", "ref"), [("time_loop", reference.time_loop),
+                                          ("busy_fraction", loader_busy_fraction)])
+def test_the_reference_itself_or_a_wrapper_of_it_fails(name, ref):
+    for fn in (ref, lambda *a, **k: ref(*a, **k)):
+        with pytest.raises(CheckFailed, match="calls labsim's own reference"):
+            getattr(check.loading, name)(fn)
 
 
 def test_forgetting_sync_fails():

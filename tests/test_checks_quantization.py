@@ -1,4 +1,4 @@
-"""The int8 checks pass the reference, fail a stub, and catch the typical bugs.
+"""The int8 checks pass the solutions, fail a stub or the reference, and catch the typical bugs.
 
 The reference int8 quantization: exact hand cases and oracles (float64 on dequantized
 values, int64 matmul).
@@ -29,6 +29,10 @@ from labsim.checks.quantization.reference import (
     quantize_weight,
 )
 
+from .solution_cells import exercises
+
+S = exercises("12_int8_quantization")
+
 
 def stub(*args: object, **kwargs: object) -> None:
     raise NotImplementedError
@@ -45,16 +49,43 @@ class StubObserver:
         raise NotImplementedError
 
 
-def test_reference_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    chk.affine_qparams(affine_qparams)
-    chk.quantize_dequantize(quantize, dequantize)
-    chk.minmax_observer(MinMaxObserver)
-    chk.percentile_observer(PercentileObserver)
-    chk.int8_matmul(int8_matmul)
-    chk.int8_linear(int8_linear)
-    chk.quantize_model(quantize_model)
+def test_solutions_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    chk.affine_qparams(S["affine_qparams"])
+    chk.quantize_dequantize(S["quantize"], S["dequantize"])
+    chk.minmax_observer(S["MinMaxObserver"])
+    chk.percentile_observer(S["PercentileObserver"])
+    chk.int8_matmul(S["int8_matmul"])
+    chk.int8_linear(S["int8_linear"])
+    chk.quantize_model(S["quantize_model"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 7 and all(line.startswith("PASS ") for line in lines)
+
+
+@pytest.mark.parametrize("run", [
+    lambda: chk.affine_qparams(affine_qparams),
+    lambda: chk.quantize_dequantize(quantize, dequantize),
+    lambda: chk.minmax_observer(MinMaxObserver),
+    lambda: chk.percentile_observer(PercentileObserver),
+    lambda: chk.int8_matmul(int8_matmul),
+    lambda: chk.int8_linear(lambda *a: int8_linear(*a)),
+    lambda: chk.quantize_model(lambda *a, **k: quantize_model(*a, **k)),
+], ids=["qparams", "qdq", "minmax", "percentile", "matmul", "linear", "model"])
+def test_the_reference_or_a_wrapper_of_it_fails(run) -> None:
+    with pytest.raises(CheckFailed, match="calls labsim's own reference"):
+        run()
+
+
+def test_a_model_left_with_the_shells_default_reference_linear_fails() -> None:
+    def default_linear_fn(model, calibration, *, per_channel=True, observer=None):
+        qm = S["quantize_model"](model, calibration, per_channel=per_channel,
+                                  observer=observer)
+        for m in qm.modules():
+            if isinstance(m, Int8Linear):
+                m.linear_fn = int8_linear  # the shell's default: the reference
+        return qm
+
+    with pytest.raises(CheckFailed, match="calls labsim's own reference"):
+        chk.quantize_model(default_linear_fn)
 
 
 @pytest.mark.parametrize("run", [
@@ -74,7 +105,7 @@ def test_stubs_fail(run) -> None:
 def test_catches_a_zero_point_not_widened_to_include_zero() -> None:
     def no_widening(lo, hi, symmetric=False):
         if symmetric:
-            return affine_qparams(lo, hi, symmetric)
+            return S["affine_qparams"](lo, hi, symmetric)
         lo, hi = torch.as_tensor(lo), torch.as_tensor(hi)
         scale = (hi - lo) / 255
         return scale, (-128 - torch.round(lo / scale)).to(torch.int32)
@@ -88,16 +119,10 @@ def test_catches_truncation_instead_of_rounding() -> None:
         return (x / scale + zero_point).clamp(-128, 127).to(torch.int8)
 
     with pytest.raises(CheckFailed, match="tiny tensor"):
-        chk.quantize_dequantize(truncating, dequantize)
+        chk.quantize_dequantize(truncating, S["dequantize"])
 
 
-def test_catches_an_int8_or_float_accumulator() -> None:
-    def float32_acc(x_q, w_q, zp):
-        return ((x_q.float() - float(zp)) @ w_q.float().T).to(torch.int32)
-
-    with pytest.raises(CheckFailed, match="2\\*\\*24"):
-        chk.int8_matmul(float32_acc)
-
+def test_catches_an_int64_accumulator() -> None:
     def int64_acc(x_q, w_q, zp):
         return (x_q.long() - int(zp)) @ w_q.long().T
 
@@ -105,9 +130,29 @@ def test_catches_an_int8_or_float_accumulator() -> None:
         chk.int8_matmul(int64_acc)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_float_matmul_breaks_the_integer_rule_even_when_exact(dtype) -> None:
+    def float_acc(x_q, w_q, zp):
+        return ((x_q.to(dtype) - float(zp)) @ w_q.to(dtype).T).round().to(torch.int32)
+
+    with pytest.raises(CheckFailed, match="computes in floating point") as info:
+        chk.int8_matmul(float_acc)
+    assert "0/6 cases passed" in str(info.value)
+
+
+def test_int8_linear_with_a_float_matmul_breaks_the_rule() -> None:
+    def float_linear(x, w_q, w_scale, x_scale, x_zero_point, bias=None):
+        q = S["quantize"](x, x_scale, x_zero_point).double() - float(x_zero_point)
+        y = (q @ w_q.double().T).float() * (x_scale * w_scale)
+        return y if bias is None else y + bias
+
+    with pytest.raises(CheckFailed, match="its matmul multiplies float64"):
+        chk.int8_linear(float_linear)
+
+
 def test_catches_a_missing_zero_point_in_the_linear_layer() -> None:
     def no_zp(x, w_q, w_scale, x_scale, x_zero_point, bias=None):
-        acc = int8_matmul(quantize(x, x_scale, x_zero_point), w_q, 0)
+        acc = S["int8_matmul"](S["quantize"](x, x_scale, x_zero_point), w_q, 0)
         y = acc.float() * (x_scale * w_scale)
         return y if bias is None else y + bias
 
@@ -116,9 +161,9 @@ def test_catches_a_missing_zero_point_in_the_linear_layer() -> None:
 
 
 def test_catches_a_model_quantized_in_place_or_ignoring_per_channel() -> None:
-    def in_place(model, calibration, *, per_channel=True, observer=MinMaxObserver):
-        quantized = quantize_model(model, calibration, per_channel=per_channel,
-                                      observer=observer)
+    def in_place(model, calibration, *, per_channel=True, observer=None):
+        quantized = S["quantize_model"](model, calibration, per_channel=per_channel,
+                                         observer=observer)
         for name, module in quantized.named_children():
             model.add_module(name, module)  # the caller's model is changed
         return quantized
@@ -126,15 +171,15 @@ def test_catches_a_model_quantized_in_place_or_ignoring_per_channel() -> None:
     with pytest.raises(CheckFailed, match="unchanged"):
         chk.quantize_model(in_place)
 
-    def always_per_channel(model, calibration, *, per_channel=True, observer=MinMaxObserver):
-        return quantize_model(model, calibration, per_channel=True, observer=observer)
+    def always_per_channel(model, calibration, *, per_channel=True, observer=None):
+        return S["quantize_model"](model, calibration, per_channel=True, observer=observer)
 
     with pytest.raises(CheckFailed, match="per-tensor"):
         chk.quantize_model(always_per_channel)
 
 
 def test_catches_a_percentile_that_is_a_min_max() -> None:
-    class MinMaxPretendingPercentile(MinMaxObserver):
+    class MinMaxPretendingPercentile(S["MinMaxObserver"]):
         def __init__(self, percentile: float = 99.99) -> None:
             super().__init__()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,24 +43,30 @@ def test_unbalanced_markers_name_the_line(source: str, message: str) -> None:
         nbk.stub_out(source, "f.ipynb: cell 3")
 
 
-def test_release_writes_stubs_check_outputs_and_drops_solution_only(tiny_course) -> None:
+def test_release_writes_stubs_and_keeps_expected_lines_out_of_sight(tiny_course) -> None:
     solutions, labs = tiny_course
     [outcome] = rel.release(solutions, labs)
     assert outcome.changed
     lab = nbformat.read(labs / "00_tiny.ipynb", as_version=4)
     sources = [c.source for c in lab.cells]
     assert not any("only in the solution" in s for s in sources)
-    assert not any("return x * x" in s or "return sum(xs)" in s for s in sources)
+    assert not any("return a + b" in s or "return x * k" in s for s in sources)
     assert "        " + nbk.STUB in lab.cells[4].source  # method body, 8 spaces
     roles = [c.metadata["labsim"]["role"] for c in lab.cells]
     assert roles == ["markdown", "code", "exercise", "check", "exercise", "check", "code"]
     checks = [c for c in lab.cells if nbk.is_check(c)]
-    assert [c.outputs[0].text for c in checks] == [
-        "PASS square: 5/5 cases passed\n", "PASS total: 5/5 cases passed\n"]
-    assert all(c.execution_count for c in checks)
+    # a released lab shows no result it has not produced: the PASS line is metadata
+    assert all(c.outputs == [] and c.execution_count is None for c in lab.cells
+               if c.cell_type == "code")
+    assert [c.metadata["labsim"] for c in checks] == [
+        {"role": "check", "check": "labsim.checks._tiny:add", "functions": ["add"],
+         "expected": "PASS add: 5/5 cases passed"},
+        {"role": "check", "check": "labsim.checks._tiny:scale", "functions": ["scale"],
+         "expected": "PASS scale: 6/6 cases passed"}]
     assert checks[0].metadata["points"] == 2
-    others = [c for c in lab.cells if c.cell_type == "code" and not nbk.is_check(c)]
-    assert all(c.outputs == [] and c.execution_count is None for c in others)
+    solution = nbformat.read(solutions / "00_tiny.ipynb", as_version=4)
+    assert [c.outputs[0].text for c in solution.cells if nbk.is_check(c)] == [
+        "PASS add: 5/5 cases passed\n", "PASS scale: 6/6 cases passed\n"]
 
 
 def test_release_is_byte_identical_and_ids_are_stable(tiny_course) -> None:
@@ -164,21 +171,95 @@ def _nbval(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def test_nbval_grades_the_released_lab_even_when_tracebacks_are_hidden(tiny_course) -> None:
+def _labsim_check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labsim", "check", str(path)],
+                          capture_output=True, text=True, cwd=path.parent, timeout=600)
+
+
+def test_labsim_check_compares_each_check_with_its_expected_line(tiny_course) -> None:
     solutions, labs = tiny_course
     rel.release(solutions, labs)
     lab_path = labs / "00_tiny.ipynb"
+    stub = _labsim_check(lab_path)
+    assert stub.returncode == 1
+    # the check's message and a hint, no traceback through labsim's code
+    assert "ExerciseNotDone: FAIL add: 0/5 cases passed" in stub.stdout
+    assert "not implemented yet" in stub.stdout and "hint:" in stub.stdout
+    assert "labsim/checks" not in stub.stdout
     nb = nbformat.read(lab_path, as_version=4)
-    # The trick that hides errors from nbval: the check cells must still fail.
+    for cell in nb.cells:
+        if cell.metadata["labsim"]["role"] == "exercise":
+            cell.source = cell.source.replace(nbk.STUB, "return a + b" if "add" in cell.source
+                                              else "return x * k")
+    done = labs / "00_tiny_done.ipynb"
+    nbformat.write(nb, done)
+    assert _labsim_check(done).returncode == 0
+    # The trick that hides errors from nbval (and a printed PASS line) do not pass a check.
+    nb = nbformat.read(lab_path, as_version=4)
     nb.cells.insert(1, nbformat.v4.new_code_cell(
         "get_ipython().showtraceback = lambda *a, **k: None"))
     hidden = labs / "00_tiny_hidden.ipynb"
     nbformat.write(nb, hidden)
-    for path in (lab_path, hidden):
-        outcomes = _nbval(path)
-        code = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-        check_cells = [i for i, c in enumerate(code) if nbk.is_check(c)]  # nbval counts code
-        assert check_cells
-        for index in check_cells:
-            assert outcomes[f"Cell {index}"] == "failed", (path.name, index, outcomes)
+    outcomes = _nbval_expected(hidden)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for index in [i for i, c in enumerate(code) if nbk.is_check(c)]:
+        assert outcomes[f"Cell {index}"] == "failed", outcomes
     assert set(_nbval(solutions / "00_tiny.ipynb").values()) == {"passed"}
+
+
+def _nbval_expected(path: Path) -> dict[str, str]:
+    report = path.with_suffix(".xml")
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "labsim.course._nbval_expected",
+         "-p", "no:cacheprovider", "-q", "--nbval-cell-timeout=60", f"--junitxml={report}",
+         str(path)], capture_output=True, text=True, cwd=path.parent)
+    import xml.etree.ElementTree as ET
+
+    return {case.get("name"): "failed" if case.find("failure") is not None
+            or case.find("error") is not None else "passed"
+            for case in ET.parse(report).getroot().iter("testcase")}
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("class A:\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION", "outside a function"),
+    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION", "outside a function"),
+])
+def test_a_stub_that_would_raise_when_defined_is_refused(tmp_path: Path, source: str,
+                                                          message: str) -> None:
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    nbformat.write(make_notebook([("code", source)]), solutions / "07_bad.ipynb")
+    with pytest.raises(NotebookError, match=message):
+        rel.release(solutions, tmp_path / "labs", run=False)
+
+
+@pytest.mark.parametrize("source", ["# NBVAL_CHECK_OUTPUT\nrun_check('x', f, [])",
+                                    "# NBVAL_CHECK_OUTPUT\ncheck.roofline.nope(f)",
+                                    "# NBVAL_CHECK_OUTPUT\ncheck.roofline.mfu(f())",
+                                    "# NBVAL_CHECK_OUTPUT\ncheck.roofline.mfu(f, g)"])
+def test_a_check_cell_must_be_one_call_of_a_labsim_check(tmp_path: Path, source: str) -> None:
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    nbformat.write(make_notebook([("code", source)]), solutions / "08_bad.ipynb")
+    with pytest.raises(NotebookError, match="check"):
+        rel.release(solutions, tmp_path / "labs", run=False)
+
+
+def test_release_and_check_refuse_bad_input_in_one_line(tmp_path: Path, capsys) -> None:
+    from labsim.cli import main
+
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    (solutions / "06_utf16.ipynb").write_bytes('{"cells": []}'.encode("utf-16"))
+    fifo = tmp_path / "lab.ipynb"
+    os.mkfifo(fifo)
+    plain = tmp_path / "plain.ipynb"
+    nbformat.write(make_notebook([("code", "x = 1")]), plain)
+    for argv in (["release", "--jobs", "0"], ["release", "--solutions", str(solutions),
+                                              "--labs", str(tmp_path / "labs")],
+                 ["check", str(tmp_path / "nope.ipynb")], ["check", str(fifo)],
+                 ["check", str(plain)], ["check", str(plain), "--timeout-cell", "nan"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "error" in err[0], (argv, err)

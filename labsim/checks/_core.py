@@ -1,34 +1,67 @@
-"""The machinery every check cell uses.
+"""The machinery every check cell uses, in the notebook and in the grader.
 
-A check runs a learner's function on many cases against a reference and prints exactly one
-deterministic line when every case passes::
+A check (``Spec``) is three things kept apart, so that the grader can run the middle one in the
+learner's sandbox and the other two in its own process:
+
+1. ``build()`` makes the cases: inputs and expected values, from labsim's reference or an
+   oracle (this never runs in the learner's process when grading);
+2. ``drive(fns, cases)`` runs the learner's function(s) on the cases' inputs and returns one
+   ``Outcome`` per case -- the value as plain data (``_plain``), or the error raised -- with what
+   the recorder and tripwire saw (``_observe``);
+3. ``judge(cases, outcomes)`` applies the rules of the exercise and compares each value with
+   the expected one.
+
+In a notebook, ``spec(fn)`` does all three and prints one deterministic line when every case
+passes::
 
     PASS roofline_time: 7/7 cases passed
 
-When a case fails it raises ``CheckFailed`` whose message starts with the same kind of line
-(``FAIL roofline_time: 5/7 cases passed``) and then names the first failing case, what was
-expected and what came back.  The release stores the PASS line as the expected output of the
-check cell, so nbval fails the cell on any other output, even if an earlier cell has hidden
-tracebacks.  ``labsim grade`` reads the counts for partial credit (see ``SUMMARY_RE``).
+or raises ``CheckFailed`` whose short message (no traceback through labsim) starts with
+``FAIL roofline_time: 5/7 cases passed`` and names the first failing case, what was expected
+and what came back, with a hint.  Outcomes go through the plain-data codec in both places, so a
+check judges exactly what the grader would.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from labsim.checks import _plain
+from labsim.checks._observe import passed_references, watch
 
 SUMMARY_RE = re.compile(
     r"(?P<status>PASS|FAIL) (?P<title>[\w.\-]+): "
     r"(?P<passed>\d+)/(?P<total>\d+) cases passed"
 )
 MIN_CASES = 5
+MESSAGE_CHARS = 300
+NOT_DONE = "not implemented yet (the function raised NotImplementedError)"
+HINT = ("hint: fix the first failing case above, rerun your exercise cell, then this check; "
+        "Run All stops here until it passes")
 
 
 class CheckFailed(AssertionError):
-    """A learner's function gave a wrong answer (or raised) on at least one case."""
+    """A learner's function gave a wrong answer (or raised, or broke a rule) on a case.
+
+    Shown in a notebook as its message and a hint, without a traceback through labsim
+    (IPython's ``_render_traceback_`` protocol)."""
+
+    def __init__(self, message: str, hint: str = HINT) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{type(self).__name__}: " + str(self).splitlines()[0],
+                 *str(self).splitlines()[1:]]
+        return [*lines, self.hint] if self.hint else lines
+
+
+class ExerciseNotDone(CheckFailed):
+    """Every case failed because the exercise still raises ``NotImplementedError``."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +70,7 @@ class Case:
 
     ``expected`` is the reference answer; ``compare(got, expected)`` returns None when they
     agree and otherwise a short reason.  ``name`` says in words what the case exercises.
+    ``args``/``kwargs`` are plain data (they are sent to the learner's sandbox when grading).
     """
 
     name: str
@@ -44,6 +78,296 @@ class Case:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     expected: Any = None
     compare: Callable[[Any, Any], str | None] | None = None
+
+    def inputs(self) -> Case:
+        """The case without its expected value: what the learner's side may see."""
+        return Case(self.name, tuple(self.args), dict(self.kwargs))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the learner's function did on one case, as plain data.
+
+    ``value``: what it returned (plain data); ``error``: the name of the exception it raised
+    ("" when it returned), ``error_types`` the names of that exception's classes (so
+    ``raises(ValueError)`` accepts a subclass), ``message`` its text (short); ``observed``:
+    what the recorder and tripwire saw (``_observe.watch.summary()``), or facts a driver
+    measured.
+    """
+
+    value: Any = None
+    error: str = ""
+    error_types: tuple[str, ...] = ()
+    message: str = ""
+    observed: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_error(cls, exc: BaseException, observed: Mapping[str, Any] | None = None
+                 ) -> Outcome:
+        names = tuple(k.__name__ for k in type(exc).__mro__ if k not in (object,))
+        text = str(exc)
+        return cls(None, type(exc).__name__, names, text[:MESSAGE_CHARS], dict(observed or {}))
+
+    def to_plain(self) -> dict[str, Any]:
+        return {"value": self.value, "error": self.error, "error_types": list(self.error_types),
+                "message": self.message, "observed": dict(self.observed)}
+
+    @classmethod
+    def from_plain(cls, raw: Any) -> Outcome:
+        """An outcome read back from plain data; ``PlainDataError`` if it is malformed."""
+        if not isinstance(raw, dict) or set(raw) != {"value", "error", "error_types",
+                                                     "message", "observed"}:
+            raise _plain.PlainDataError("an outcome must have value, error, error_types, "
+                                        "message and observed")
+        types = raw["error_types"]
+        if (not isinstance(raw["error"], str) or not isinstance(raw["message"], str)
+                or not isinstance(types, list) or not all(isinstance(t, str) for t in types)
+                or not isinstance(raw["observed"], dict)):
+            raise _plain.PlainDataError("malformed outcome fields")
+        return cls(raw["value"], raw["error"][:100], tuple(t[:100] for t in types[:50]),
+                   raw["message"][:MESSAGE_CHARS], raw["observed"])
+
+
+Rule = Callable[[Case, Outcome], "str | None"]
+Driver = Callable[[Sequence[Callable[..., Any]], Sequence[Case], "Spec"], list[Outcome]]
+
+
+def plain_outcome(value: Any, observed: Mapping[str, Any] | None = None) -> Outcome:
+    """An ``Outcome`` for a returned ``value``; a value that is not plain data is an error."""
+    try:
+        value = _plain.roundtrip(value)
+    except _plain.PlainDataError as exc:
+        return Outcome(None, "PlainDataError", ("PlainDataError",),
+                       f"returned something the check cannot read: {exc}", dict(observed or {}))
+    return Outcome(value, observed=dict(observed or {}))
+
+
+def call_each(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+              ) -> list[Outcome]:
+    """The default driver: ``fns[0](*case.args, **case.kwargs)`` for each case, watched."""
+    outcomes = []
+    for case in cases:
+        with watch(spec.forbid, ops=spec.ops, functions=spec.names) as seen:
+            try:
+                value = fns[0](*case.args, **dict(case.kwargs))
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                error: BaseException | None = exc
+            else:
+                error = None
+        outcomes.append(Outcome.of_error(error, seen.summary()) if error is not None
+                        else plain_outcome(value, seen.summary()))
+    return outcomes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one check: cases passed, the first failure, the rules broken."""
+
+    title: str
+    passed: int
+    total: int
+    first: tuple[str, str] | None = None  # (case name, reason)
+    not_done: bool = False
+    broken: tuple[str, ...] = ()  # rules broken or references called, in words
+
+    @property
+    def ok(self) -> bool:
+        return self.passed == self.total
+
+    def line(self) -> str:
+        return (f"{'PASS' if self.ok else 'FAIL'} {self.title}: {self.passed}/{self.total} "
+                "cases passed")
+
+    def message(self) -> str:
+        if self.first is None:
+            return self.line()
+        name, reason = self.first
+        return f"{self.line()}\nfirst failing case: {name}\n  {reason}"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One check of an exercise (see the module docstring).
+
+    ``build`` returns the cases (>= 5); ``drive`` runs the learner's ``functions`` (how many
+    the check takes) on them; ``compare`` is the default comparison; ``rules`` each return a
+    reason when an outcome took a forbidden shortcut; ``forbid`` lists the references
+    (``"module:qualname"``) the learner's code must not call while it runs; ``ops`` turns the
+    dispatcher recorder on, ``names`` the log of torch function names.  A rule broken (or a
+    reference called) on any case fails every case: a shortcut earns nothing.
+    """
+
+    title: str
+    build: Callable[[], Sequence[Case]]
+    drive: Driver = call_each
+    compare: Callable[[Any, Any], str | None] | None = None
+    rules: tuple[Rule, ...] = ()
+    forbid: tuple[str, ...] = ()
+    functions: int = 1
+    ops: bool = True
+    names: bool = False
+
+    def cases(self) -> list[Case]:
+        cases = list(self.build())
+        if len(cases) < MIN_CASES:
+            raise ValueError(f"check {self.title} has {len(cases)} cases; a check needs >= "
+                             f"{MIN_CASES}")
+        return cases
+
+    def run(self, fns: Sequence[Callable[..., Any]], cases: Sequence[Case]) -> list[Outcome]:
+        """The learner's side: outcomes of ``fns`` on the cases' inputs (never expected)."""
+        inputs = [c.inputs() for c in cases]
+        if len(fns) != self.functions or not all(callable(f) for f in fns):
+            kinds = ", ".join(type(f).__name__ for f in fns)
+            msg = (f"the check takes {self.functions} function(s), got {len(fns)} ({kinds}): "
+                   "pass the function itself, e.g. check(my_fn) rather than check(my_fn())")
+            return [Outcome(None, "TypeError", ("TypeError",), msg)] * len(inputs)
+        outcomes = list(self.drive(fns, inputs, self))
+        if len(outcomes) != len(inputs):  # pragma: no cover - a driver bug
+            raise RuntimeError(f"{self.title}: {len(outcomes)} outcomes for {len(inputs)} cases")
+        direct = passed_references(fns, self.forbid)
+        if direct:  # the reference itself handed to the check
+            outcomes = [replace(o, observed={**o.observed, "references": [
+                *o.observed.get("references", []), *direct]}) for o in outcomes]
+        return outcomes
+
+    def judge(self, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Verdict:
+        return judge(self, cases, outcomes)
+
+    def __call__(self, *fns: Callable[..., Any]) -> None:
+        """Run the check in this process: print the PASS line or raise ``CheckFailed``."""
+        cases = self.cases()
+        outcomes = [Outcome.from_plain(_plain.roundtrip(o.to_plain()))
+                    for o in self.run(fns, cases)]
+        verdict = judge(self, cases, outcomes)
+        if verdict.ok:
+            print(verdict.line())
+            return
+        kind = ExerciseNotDone if verdict.not_done else CheckFailed
+        raise kind(verdict.message())
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """An instructor's private check for ``labsim grade --extra-checks``: its cases never
+    enter the learner's sandbox with their expected values, and learners see only how many
+    passed.
+
+    ``functions``: the name(s) of the exercise function(s) it checks, as the lab defines them;
+    ``cases``: at least five; ``like``: ``"labsim.checks.<topic>:<name>"`` of a public check
+    whose driver, rules and forbidden references apply (its inputs must then have the form
+    that check's cases have), else each case calls the function on its inputs;
+    ``forbid``: more references the learner's code must not call.
+    """
+
+    name: str
+    functions: tuple[str, ...] | str
+    cases: Sequence[Case]
+    points: float = 1.0
+    compare: Callable[[Any, Any], str | None] | None = None
+    like: str = ""
+    forbid: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[\w.\-]+", self.name):
+            raise ValueError(f"hidden check name {self.name!r}: letters, digits, . _ - only")
+        if not all(n.isidentifier() for n in self.function_names) or not self.function_names:
+            raise ValueError(f"hidden check {self.name}: functions must be Python names, got "
+                             f"{self.functions!r}")
+        if isinstance(self.points, bool) or not isinstance(self.points, (int, float)) or not (
+                0 <= self.points < float("inf")):
+            raise ValueError(f"hidden check {self.name}: points must be a number >= 0")
+
+    @property
+    def function_names(self) -> tuple[str, ...]:
+        return (self.functions,) if isinstance(self.functions, str) else tuple(self.functions)
+
+    def public(self) -> Spec | None:
+        if not self.like:
+            return None
+        import importlib
+
+        module, _, name = self.like.partition(":")
+        spec = getattr(importlib.import_module(module), name, None)
+        if not isinstance(spec, Spec):
+            raise ValueError(f"hidden check {self.name}: like={self.like!r} is not a check")
+        return spec
+
+    def spec(self) -> Spec:
+        """The check as the grader judges it."""
+        like = self.public()
+        cases = list(self.cases)
+        return Spec(self.name, lambda: cases, drive=like.drive if like else call_each,
+                    compare=self.compare or (like.compare if like else None),
+                    rules=like.rules if like else (),
+                    forbid=(like.forbid if like else ()) + tuple(self.forbid),
+                    functions=len(self.function_names), ops=like.ops if like else True,
+                    names=like.names if like else False)
+
+
+def _error_reason(case: Case, out: Outcome) -> str | None:
+    """None when the error is what the case expects, else the reason it fails."""
+    cmp = case.compare
+    expects = getattr(cmp, "expects_exception", None)
+    if expects is not None:
+        if expects.__name__ in out.error_types:
+            return None
+        return f"expected {expects.__name__} to be raised, got {out.error}"
+    if out.error == "NotImplementedError":
+        return NOT_DONE
+    message = out.message.splitlines()[0] if out.message else ""
+    return f"raised {out.error}" + (f": {message}" if message else "")
+
+
+def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Verdict:
+    """Apply ``spec``'s rules and comparisons to the outcomes (one per case, same order)."""
+    passed = 0
+    first: tuple[str, str] | None = None
+    broken: list[str] = []
+    errors = 0
+    reasons: list[tuple[Case, str]] = []
+    for case, out in zip(cases, outcomes, strict=True):
+        refs = out.observed.get("references") if isinstance(out.observed, Mapping) else None
+        reason: str | None = None
+        if refs:
+            reason = ("calls labsim's own reference "
+                      + ", ".join(f"`{r}`" for r in list(refs)[:3])
+                      + ": write the exercise yourself")
+        elif out.error:
+            reason = _error_reason(case, out)
+            errors += out.error == "NotImplementedError"
+        else:
+            expects = getattr(case.compare, "expects_exception", None)
+            if expects is not None:
+                reason = f"expected {expects.__name__} to be raised, got a value"
+        if reason is None and not out.error:
+            for rule in spec.rules:
+                try:
+                    reason = rule(case, out)
+                except Exception as exc:  # noqa: BLE001 - malformed observations fail the case
+                    reason = f"its observations could not be read ({type(exc).__name__})"
+                if reason is not None:
+                    reason = "breaks a rule of this exercise: " + reason
+                    break
+            if reason is None:
+                cmp = case.compare or spec.compare or close()
+                try:
+                    reason = cmp(out.value, case.expected)
+                except Exception as exc:  # noqa: BLE001 - a value of the wrong kind fails
+                    reason = f"returned a value that cannot be compared ({type(exc).__name__})"
+        if reason is None:
+            passed += 1
+            continue
+        reasons.append((case, reason))
+        if reason.startswith(("calls labsim", "breaks a rule")) and reason not in broken:
+            broken.append(reason)
+        if first is None:
+            first = (case.name, reason)
+    if broken:  # a shortcut on one case voids the others: they may pass by the same shortcut
+        passed = 0
+        first = next((c.name, r) for c, r in reasons if r in broken)
+    return Verdict(spec.title, passed, len(cases), first,
+                   not_done=passed == 0 and errors == len(cases), broken=tuple(broken))
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -88,7 +412,8 @@ def _close(got: Any, expected: Any, rtol: float, atol: float, where: str) -> str
             return f"{where}expected a mapping, got {type(got).__name__}"
         if set(got) != set(expected):
             return (
-                f"{where}keys {sorted(map(str, got))} instead of {sorted(map(str, expected))}"
+                f"{where}keys {_short(sorted(map(str, got)))} instead of "
+                f"{sorted(map(str, expected))}"
             )
         for key in expected:
             reason = _close(got[key], expected[key], rtol, atol, f"{where}[{key!r}] ")
@@ -107,12 +432,16 @@ def _close(got: Any, expected: Any, rtol: float, atol: float, where: str) -> str
         return None
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return (
-            None if got == expected else f"{where}{_short(got)} instead of {_short(expected)}"
+            None if got == expected and type(got) is type(expected)
+            else f"{where}{_short(got)} instead of {_short(expected)}"
         )
     if isinstance(expected, (int, float)):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            if _as_float_list(got) is None or getattr(got, "shape", None) != ():
+                return f"{where}expected a number, got {type(got).__name__}"
         try:
             g = float(got)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return f"{where}expected a number, got {type(got).__name__}"
         if not _num_close(g, float(expected), rtol, atol):
             return f"{where}{g!r} instead of {float(expected)!r}"
@@ -134,65 +463,22 @@ def equal(got: Any, expected: Any) -> str | None:
 
 
 def raises(kind: type[BaseException]) -> Callable[[Any, Any], str | None]:
-    """Use as ``compare`` with ``expected=None`` for a case that must raise ``kind``.
-
-    The runner passes the raised exception as ``got``.
-    """
+    """Use as ``compare`` for a case that must raise ``kind`` (or a subclass)."""
 
     def compare(got: Any, expected: Any) -> str | None:
-        if isinstance(got, kind):
-            return None
         return f"expected {kind.__name__} to be raised, got {_short(got)}"
 
     compare.expects_exception = kind  # type: ignore[attr-defined]
     return compare
 
 
-def run_check(
-    title: str,
-    fn: Callable[..., Any],
-    cases: Sequence[Case] | Iterable[Case],
-    *,
-    compare: Callable[[Any, Any], str | None] | None = None,
-) -> None:
-    """Run ``fn`` on every case; print one PASS line or raise ``CheckFailed``.
+def run_check(title: str, fn: Callable[..., Any], cases: Sequence[Case], *,
+              compare: Callable[[Any, Any], str | None] | None = None) -> None:
+    """One-off check of ``fn`` on ``cases`` (for notebooks and instructors' own checks): the
+    same as ``Spec(title, lambda: cases, compare=compare)(fn)``."""
+    Spec(title, lambda: cases, compare=compare, ops=False)(fn)
 
-    Every case is run (so the count of passed cases is known for partial credit); the error
-    names the first one that failed.  A case whose function raises counts as failed, with
-    the exception in the reason (``NotImplementedError`` means the exercise is not done).
-    """
-    cases = list(cases)
-    if len(cases) < MIN_CASES:
-        raise ValueError(f"check {title} has {len(cases)} cases; a check needs >= {MIN_CASES}")
-    if not callable(fn):
-        raise CheckFailed(
-            f"FAIL {title}: 0/{len(cases)} cases passed\n"
-            f"expected a function, got {type(fn).__name__}: pass the function itself, "
-            "e.g. check(my_fn) rather than check(my_fn())"
-        )
-    default = compare or close()
-    passed = 0
-    first: str | None = None
-    for case in cases:
-        cmp = case.compare or default
-        expects = getattr(cmp, "expects_exception", None)
-        try:
-            got: Any = fn(*case.args, **dict(case.kwargs))
-        except NotImplementedError:
-            reason: str | None = (
-                "not implemented yet (the function raised NotImplementedError)"
-            )
-        except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
-            reason = (
-                cmp(exc, case.expected) if expects else (f"raised {type(exc).__name__}: {exc}")
-            )
-        else:
-            reason = cmp(got, case.expected)
-        if reason is None:
-            passed += 1
-        elif first is None:
-            first = f"first failing case: {case.name}\n  {reason}"
-    if passed == len(cases):
-        print(f"PASS {title}: {passed}/{len(cases)} cases passed")
-        return
-    raise CheckFailed(f"FAIL {title}: {passed}/{len(cases)} cases passed\n{first}")
+
+__all__ = ["SUMMARY_RE", "Case", "CheckFailed", "ExerciseNotDone", "Hidden", "Outcome", "Spec",
+           "Verdict", "call_each", "close", "equal", "judge", "plain_outcome", "raises",
+           "run_check"]

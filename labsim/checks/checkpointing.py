@@ -24,11 +24,14 @@ from labsim.checkpointing import (
     segment_peak_bytes,
     validate_starts,
 )
-from labsim.checks._core import Case, close, raises, run_check
+from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome, raises
+from labsim.checks._observe import watch
 from labsim.lab.memory import MemoryMeter
 from labsim.lab.models import residual_mlp
 
 _LAYERS, _WIDTH, _TOKENS = 6, 16, 32
+FORBID = ("labsim.checks.checkpointing:forward_segments",
+          "labsim.checks.checkpointing:plan_segments")
 
 
 def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None) -> dict:
@@ -44,8 +47,7 @@ def _forward_case(forward: Callable[..., torch.Tensor], starts: list[int] | None
     }
 
 
-def checkpointed_forward(fn: Callable[..., torch.Tensor]) -> None:
-    """``fn(blocks, x, starts)`` against ``labsim.checks.checkpointing.forward_segments``."""
+def _checkpointed_forward_cases() -> list[Case]:
     plans = [
         ("no checkpointing: starts=[0]", [0]),
         ("every layer", every_k(_LAYERS, 1)),
@@ -53,19 +55,31 @@ def checkpointed_forward(fn: Callable[..., torch.Tensor]) -> None:
         ("uneven segments [0, 1, 4]", [0, 1, 4]),
         ("two segments [0, 5] (last one a single layer)", [0, 5]),
     ]
-    cases = [
-        Case(name, (starts,), expected=_forward_case(forward_segments, starts))
-        for name, starts in plans
-    ]
-    if not callable(fn):
-        run_check("checkpointed_forward", fn, cases)
-        return
-    run_check(
-        "checkpointed_forward",
-        lambda starts: _forward_case(fn, starts),
-        cases,
-        compare=close(rtol=1e-5, atol=1e-7),
-    )
+    return [Case(name, (starts,), expected=_forward_case(forward_segments, starts))
+            for name, starts in plans]
+
+
+def _drive_forward(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                   ) -> list[Outcome]:
+    outcomes = []
+    for case in cases:
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                value = _forward_case(fns[0], list(case.args[0]))
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                error: BaseException | None = exc
+            else:
+                error = None
+        outcomes.append(Outcome.of_error(error, seen.summary()) if error is not None
+                        else plain_outcome(value, seen.summary()))
+    return outcomes
+
+
+checkpointed_forward = Spec("checkpointed_forward", _checkpointed_forward_cases,
+                            drive=_drive_forward, compare=close(rtol=1e-5, atol=1e-7),
+                            forbid=FORBID)
+"""``fn(blocks, x, starts)`` against ``forward_segments``: same output and gradients, and
+exactly the bytes a ``checkpoint_sequential``-style run keeps for backward."""
 
 
 # --------------------------------------------------------------------------------------
@@ -114,13 +128,12 @@ def _plan_case(name: str, layer_bytes: list[float], boundary_bytes: list[float],
                 compare=_plan_compare(layer_bytes, boundary_bytes, budget))
 
 
-def segment_plan(fn: Callable[[Sequence[float], Sequence[float], float], list[int]]) -> None:
-    """``fn(layer_bytes, boundary_bytes, budget_bytes)`` against an exhaustive search."""
+def _segment_plan_cases() -> list[Case]:
     uniform = [10.0] * 9
     ones = [1.0] * 9
     uneven = [4.0, 12.0, 3.0, 9.0, 9.0, 2.0, 15.0, 5.0, 6.0, 8.0]
     uneven_in = [1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0, 1.0, 2.0]
-    cases = [
+    return [
         _plan_case("budget holds everything: no checkpointing", uniform, ones, 90.0),
         _plan_case("uniform layers, budget between", uniform, ones, 45.0),
         _plan_case("uniform layers, about sqrt(n) segments", uniform, ones, 32.0),
@@ -131,7 +144,10 @@ def segment_plan(fn: Callable[[Sequence[float], Sequence[float], float], list[in
         _plan_case("a single layer", [7.0], [1.0], 7.0),
         _plan_case("big inputs make long segments pay", [5.0] * 8, [4.0] * 8, 22.0),
     ]
-    run_check("segment_plan", fn, cases)
+
+
+segment_plan = Spec("segment_plan", _segment_plan_cases, forbid=FORBID, ops=False)
+"""``fn(layer_bytes, boundary_bytes, budget_bytes)`` against an exhaustive search."""
 
 
 def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from labsim.checks._core import Case, close, run_check
+from labsim.checks._core import Case, Spec, call_each, close
 from labsim.experiments.loading import time_loop as reference_time_loop
 from labsim.loading import loader_busy_fraction
+
+FORBID = ("labsim.experiments.loading:*", "labsim.loading:*", "labsim.sim.loading:*")
 
 
 class _Script:
@@ -52,9 +54,8 @@ def _loop_case(name: str, waits: Sequence[float], launch: Sequence[float],
     return Case(name, args=(waits, launch, finish, tail_s), expected=list(expected))
 
 
-def time_loop(fn: Callable[..., Any]) -> None:
-    """``fn(batches, step, sync=..., clock=...) -> (wait_s, step_s)`` on scripted loaders."""
-    cases = [
+def _time_loop_cases() -> list[Case]:
+    return [
         _loop_case("three batches, the second one late", [0.5, 0.0, 2.0], [1.0, 1.0, 1.0]),
         _loop_case("no batches at all", [], []),
         _loop_case("one batch already waiting", [0.0], [0.25]),
@@ -67,21 +68,28 @@ def time_loop(fn: Callable[..., Any]) -> None:
                    [0.2] * 10, [0.3] * 10),
     ]
 
-    def run(waits: Sequence[float], launch: Sequence[float], finish: Sequence[float],
-            tail_s: float) -> Any:
-        script = _Script(waits, launch, finish, tail_s)
-        got = fn(script.batches(), script.step, sync=script.sync, clock=script.clock)
-        if script.steps != len(waits):
-            return f"step was called {script.steps} times for {len(waits)} batches"
-        if isinstance(got, tuple):
-            got = list(got)
-        return got
 
-    run_check("time_loop", run, cases, compare=close(rtol=1e-9, atol=1e-12))
+def _run_script(fn: Callable[..., Any], waits: Sequence[float], launch: Sequence[float],
+                finish: Sequence[float], tail_s: float) -> Any:
+    script = _Script(waits, launch, finish, tail_s)
+    got = fn(script.batches(), script.step, sync=script.sync, clock=script.clock)
+    if script.steps != len(waits):
+        return f"step was called {script.steps} times for {len(waits)} batches"
+    if isinstance(got, tuple):
+        got = list(got)
+    return got
 
 
-def busy_fraction(fn: Callable[[int, float, float], float]) -> None:
-    """``fn(num_workers, load_time_s, step_time_s)``: steady-state busy fraction of the GPU."""
+def _drive_loop(fns, cases, spec):  # noqa: ANN001, ANN202
+    return call_each([lambda *a: _run_script(fns[0], *a)], cases, spec)
+
+
+time_loop = Spec("time_loop", _time_loop_cases, drive=_drive_loop,
+                 compare=close(rtol=1e-9, atol=1e-12), forbid=FORBID, ops=False)
+"""``fn(batches, step, sync=..., clock=...) -> (wait_s, step_s)`` on scripted loaders."""
+
+
+def _busy_fraction_cases() -> list[Case]:
     settings = [
         ("in the main process (num_workers=0): load, then step", 0, 0.03, 0.01),
         ("one worker, loading slower than the step", 1, 0.03, 0.01),
@@ -92,6 +100,10 @@ def busy_fraction(fn: Callable[[int, float, float], float]) -> None:
         ("main process, free loading (cached in memory)", 0, 0.0, 0.02),
         ("many workers, very slow decode", 16, 1.6, 0.05),
     ]
-    cases = [Case(name, args=(n, load, step), expected=loader_busy_fraction(n, load, step))
-             for name, n, load, step in settings]
-    run_check("busy_fraction", fn, cases, compare=close(rtol=1e-6))
+    return [Case(name, args=(n, load, step), expected=loader_busy_fraction(n, load, step))
+            for name, n, load, step in settings]
+
+
+busy_fraction = Spec("busy_fraction", _busy_fraction_cases, compare=close(rtol=1e-6),
+                     forbid=FORBID, ops=False)
+"""``fn(num_workers, load_time_s, step_time_s)``: steady-state busy fraction of the GPU."""

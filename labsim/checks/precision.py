@@ -1,19 +1,23 @@
 """Checks for the mixed-precision exercises: format limits and a dynamic loss scaler.
 
 The oracle for the loss scaler is PyTorch's own ``torch.amp.GradScaler``: every scenario runs
-once with it and once with the learner's class, on the same model and the same gradients,
-and compares the scale after every step, which steps were skipped and the final weights.
+once with it (in the grader's process when grading) and once with the learner's class, on the
+same model and the same gradients, and compares the scale after every step, which steps were
+skipped and the final weights.  The learner's class must not be, wrap or call a GradScaler:
+the tripwire watches GradScaler's code, the recorder its kernels
+(``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from labsim.checks._core import Case, close, run_check
+from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome
+from labsim.checks._observe import watch
 from labsim.experiments import precision as P
 
 # (name, exponent bits, mantissa bits) of formats torch can store, to probe the answers.
@@ -24,6 +28,11 @@ _FORMATS = (
     ("fp64", 11, 52),
     ("fp8-e5m2", 5, 2),
 )
+FORBID_LIMITS = ("labsim.experiments.precision:format_limits",
+                 "labsim.experiments.precision:round_trip")
+FORBID_SCALER = ("torch.amp.grad_scaler:GradScaler", "torch.cuda.amp.grad_scaler:GradScaler",
+                 "labsim.experiments.precision:grad_scaler")
+AMP_KERNELS = ("aten::_amp_foreach_non_finite_check_and_unscale_", "aten::_amp_update_scale_")
 
 
 def _limits_dict(name: str) -> dict[str, float]:
@@ -36,26 +45,20 @@ def _limits_dict(name: str) -> dict[str, float]:
     }
 
 
-def float_limits(fn: Callable[[int, int], dict[str, float]]) -> None:
-    """``fn(exponent_bits, mantissa_bits)`` against ``torch.finfo`` and rounding probes."""
-    cases = [
-        Case(f"{name} (e{e} m{m})", (e, m), expected=_limits_dict(name))
-        for name, e, m in _FORMATS
-    ]
+def _float_limits_cases() -> list[Case]:
+    cases = [Case(f"{name} (e{e} m{m})", (e, m), expected=_limits_dict(name))
+             for name, e, m in _FORMATS]
     # A format torch cannot store: the formula must still hold (IEEE-style e4 m3 with inf).
-    cases.append(
-        Case(
-            "IEEE-style e4m3 (with inf/NaN; not the fp8 e4m3fn variant)",
-            (4, 3),
-            expected={
-                "max": (2 - 2**-3) * 2.0**7,
-                "smallest_normal": 2.0**-6,
-                "smallest_subnormal": 2.0**-9,
-                "eps": 2.0**-3,
-            },
-        )
-    )
-    run_check("float_limits", fn, cases, compare=close(rtol=1e-12))
+    cases.append(Case(
+        "IEEE-style e4m3 (with inf/NaN; not the fp8 e4m3fn variant)", (4, 3),
+        expected={"max": (2 - 2**-3) * 2.0**7, "smallest_normal": 2.0**-6,
+                  "smallest_subnormal": 2.0**-9, "eps": 2.0**-3}))
+    return cases
+
+
+float_limits = Spec("float_limits", _float_limits_cases, compare=close(rtol=1e-12),
+                    forbid=FORBID_LIMITS, ops=False)
+"""``fn(exponent_bits, mantissa_bits)`` against ``torch.finfo`` and rounding probes."""
 
 
 # --------------------------------------------------------------------------------------
@@ -105,6 +108,44 @@ def _unscale_then_step(make: ScalerFactory) -> dict:
     return {"grad after unscale_": grad, "weights": p.detach().clone()}
 
 
+def _unscale_twice(make: ScalerFactory) -> dict:
+    """A second ``unscale_`` of the same optimizer before ``update`` is an error (it would
+    divide the gradients twice): GradScaler raises RuntimeError."""
+    scaler = make(init_scale=8.0)
+    p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([p], lr=0.5)
+    scaler.scale((p * torch.tensor([4.0, 8.0])).sum()).backward()
+    scaler.unscale_(opt)
+    try:
+        scaler.unscale_(opt)
+        raised = "no error"
+    except RuntimeError:
+        raised = "RuntimeError"
+    return {"second unscale_ before update()": raised, "grad": p.grad.detach().clone()}
+
+
+def _two_optimizers(make: ScalerFactory) -> dict:
+    """One scaler, two optimizers: each is unscaled once and steps only when its own
+    gradients are finite; an overflow in either backs the scale off."""
+    scaler = make(init_scale=2.0**10, growth_interval=2)
+    a = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    b = torch.nn.Parameter(torch.tensor([3.0, -1.0]))
+    opt_a, opt_b = torch.optim.SGD([a], lr=0.25), torch.optim.SGD([b], lr=0.5)
+    scales, weights = [], []
+    for g in (1.0, math.inf, 1.0, 1.0, 1.0):  # the inf is in b's gradient only
+        opt_a.zero_grad(set_to_none=True)
+        opt_b.zero_grad(set_to_none=True)
+        loss = (a * torch.tensor([1.0, 2.0])).sum() + (b * torch.tensor([g, 1.0])).sum()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt_a)  # as one would to clip a's gradients
+        scaler.step(opt_a)
+        scaler.step(opt_b)
+        scaler.update()
+        scales.append(float(scaler.get_scale()))
+        weights.append((a.detach().clone(), b.detach().clone()))
+    return {"scale after each step": scales, "weights (a, b) after each step": weights}
+
+
 def _training(make: ScalerFactory, **kwargs: Any) -> dict:
     run = P.train_amp(lambda: make(**kwargs), steps=24)
     return {
@@ -115,54 +156,67 @@ def _training(make: ScalerFactory, **kwargs: Any) -> dict:
     }
 
 
-def _scenarios() -> list[tuple[str, Callable[[ScalerFactory], dict]]]:
-    ones = (1.0,) * 7
-    return [
-        ("fresh scaler with default settings", lambda m: _fresh(m)),
-        ("fresh scaler with init_scale=8", lambda m: _fresh(m, init_scale=8.0)),
-        (
-            "scale grows after growth_interval=3 finite steps",
-            lambda m: _manual_run(m, ones, init_scale=4.0, growth_interval=3),
-        ),
-        (
-            "inf gradient: skip the step and back off",
-            lambda m: _manual_run(
-                m, (1.0, math.inf, 1.0, 1.0, 1.0), init_scale=64.0, growth_interval=2
-            ),
-        ),
-        (
-            "NaN gradient: skip, back off, restart the growth count",
-            lambda m: _manual_run(
-                m, (1.0, 1.0, math.nan, 1.0, 1.0, 1.0, 1.0), init_scale=64.0,
-                growth_interval=3,
-            ),
-        ),
-        (
-            "growth_factor=4, backoff_factor=0.25, two overflows in a row",
-            lambda m: _manual_run(
-                m, (math.inf, -math.inf, 1.0, 1.0, 1.0), init_scale=2.0**10, growth_factor=4.0,
-                backoff_factor=0.25, growth_interval=2,
-            ),
-        ),
-        ("unscale_ then step unscales once", _unscale_then_step),
-        (
-            "train_amp: fp16 MLP, init_scale=2**16, growth_interval=4",
-            lambda m: _training(m, init_scale=2.0**16, growth_interval=4),
-        ),
-    ]
+SCENARIOS: dict[str, Callable[[ScalerFactory], dict]] = {
+    "fresh scaler with default settings": lambda m: _fresh(m),
+    "fresh scaler with init_scale=8": lambda m: _fresh(m, init_scale=8.0),
+    "scale grows after growth_interval=3 finite steps":
+        lambda m: _manual_run(m, (1.0,) * 7, init_scale=4.0, growth_interval=3),
+    "inf gradient: skip the step and back off":
+        lambda m: _manual_run(m, (1.0, math.inf, 1.0, 1.0, 1.0), init_scale=64.0,
+                              growth_interval=2),
+    "NaN gradient: skip, back off, restart the growth count":
+        lambda m: _manual_run(m, (1.0, 1.0, math.nan, 1.0, 1.0, 1.0, 1.0), init_scale=64.0,
+                              growth_interval=3),
+    "growth_factor=4, backoff_factor=0.25, two overflows in a row":
+        lambda m: _manual_run(m, (math.inf, -math.inf, 1.0, 1.0, 1.0), init_scale=2.0**10,
+                              growth_factor=4.0, backoff_factor=0.25, growth_interval=2),
+    "unscale_ then step unscales once": _unscale_then_step,
+    "unscale_ twice before update() raises RuntimeError": _unscale_twice,
+    "two optimizers: each unscaled once, each skipped only on its own overflow":
+        _two_optimizers,
+    "train_amp: fp16 MLP, init_scale=2**16, growth_interval=4":
+        lambda m: _training(m, init_scale=2.0**16, growth_interval=4),
+}
 
 
-def loss_scaler(cls: type) -> None:
-    """The learner's ``DynamicLossScaler`` class against ``torch.amp.GradScaler``."""
-    scenarios = _scenarios()
-    cases = [Case(name, (scenario,), expected=scenario(_grad_scaler)) for name, scenario in
-             scenarios]
-    if not callable(cls):
-        run_check("loss_scaler", cls, cases)
-        return
-    run_check(
-        "loss_scaler",
-        lambda scenario: scenario(cls),
-        cases,
-        compare=close(rtol=1e-6, atol=1e-12),
-    )
+def _loss_scaler_cases() -> list[Case]:
+    return [Case(name, (name,), expected=scenario(_grad_scaler))
+            for name, scenario in SCENARIOS.items()]
+
+
+def _drive_scaler(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                  ) -> list[Outcome]:
+    cls = fns[0]
+    mro = [f"{k.__module__}.{k.__qualname__}" for k in getattr(cls, "__mro__", ())]
+    outcomes = []
+    for case in cases:
+        scenario = SCENARIOS.get(case.args[0]) if case.args else None
+        with watch(spec.forbid) as seen:
+            try:
+                if scenario is None:
+                    raise KeyError(f"no scenario {case.args!r}")
+                value = scenario(cls)
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                error: BaseException | None = exc
+            else:
+                error = None
+        observed = {**seen.summary(), "mro": mro}
+        outcomes.append(Outcome.of_error(error, observed) if error is not None
+                        else plain_outcome(value, observed))
+    return outcomes
+
+
+def _not_a_grad_scaler(case: Case, out: Outcome) -> str | None:
+    mro = out.observed.get("mro", [])
+    if any("GradScaler" in k for k in mro):
+        return "the scaler is (a subclass of) torch.amp.GradScaler; write it from scratch"
+    used = [k for k in AMP_KERNELS if out.observed.get("ops", {}).get(k)]
+    if used:
+        return f"it runs GradScaler's own kernels ({', '.join(used)}); write the update yourself"
+    return None
+
+
+loss_scaler = Spec("loss_scaler", _loss_scaler_cases, drive=_drive_scaler,
+                   compare=close(rtol=1e-6, atol=1e-12), rules=(_not_a_grad_scaler,),
+                   forbid=FORBID_SCALER)
+"""The learner's ``DynamicLossScaler`` class against ``torch.amp.GradScaler``."""

@@ -10,6 +10,8 @@ import sys
 
 # command -> (module in this package, named by its topic; one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("check", "run a lab notebook and compare each check with the line it must "
+                       "print (pytest --nbval-lax)"),
     "collective": ("collectives", "simulate one collective: time, algbw, busbw, trace"),
     "grade": ("grade", "grade submitted notebooks of one lab: CSV of scores + feedback per "
                        "learner"),

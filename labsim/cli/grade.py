@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from labsim.course import grade as gr
+from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
 
@@ -24,10 +25,13 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 
 def parse_bytes(text: str) -> int:
     """'4GiB', '2.5GB', '800MB' or a plain number of bytes -> bytes."""
-    m = re.fullmatch(r"\s*([\d.]+)\s*([a-zA-Z]*)\s*", text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", text)
     if not m or m[2].lower() not in _UNITS:
         raise ValueError(f"--memory {text!r}: give bytes or a size such as 4GiB, 3GB, 800MB")
-    return int(float(m[1]) * _UNITS[m[2].lower()])
+    value = int(float(m[1]) * _UNITS[m[2].lower()])
+    if value > 2**50:
+        raise ValueError(f"--memory {text!r}: over 1 PiB; give e.g. 4GiB")
+    return value
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -50,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-runs", type=Path,
                         help="keep each run's working folder (graded notebook, nbval log) here")
     parser.add_argument("--extra-checks", type=Path,
-                        help="a private .py file of '# %%%% extra-check NAME points=N' cells")
+                        help="a private .py file defining CHECKS = [labsim.checks.Hidden(...)]")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +63,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"grading needs {' and '.join(missing)}: pip install 'labsim[grade]'")
     if not args.submissions:
         raise ValueError("no submissions given; pass the notebooks to grade")
-    if not args.lab.exists():
+    if not args.lab.is_file():
         raise ValueError(f"--lab {args.lab}: no such file")
+    if not 1 <= args.jobs <= 256:
+        raise ValueError(f"--jobs {args.jobs}: give a whole number from 1 to 256")
     limits = sb.Limits(args.timeout_cell, args.timeout_notebook, parse_bytes(args.memory))
-    extra = rb.read_extra_checks(args.extra_checks) if args.extra_checks else None
+    try:
+        lab = rb.read_lab(args.lab)
+    except nbk.NotebookError as exc:
+        raise ValueError(str(exc)) from None
+    extra = rb.read_extra_checks(args.extra_checks, lab) if args.extra_checks else None
     options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback,
                          keep_dir=args.keep_runs)
     box = sb.probe()
@@ -77,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    gr.write_csv(report, args.out)
+    try:
+        gr.write_csv(report, args.out)
+    except OSError as exc:
+        raise ValueError(f"--out {args.out}: cannot write: {exc.strerror or exc}") from None
     counts = {s: sum(r.status == s for r in report.results) for s in gr.STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     print(f"graded {len(report.results)} submissions of {report.lab} in {report.wall_s:.1f} s "

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.jobs <= 64:
+        raise ValueError(f"--jobs {args.jobs}: give a whole number from 1 to 64")
     try:
         if args.check:
             outcomes = rel.check(args.solutions, args.labs, args.names)

@@ -2,12 +2,15 @@
 
 It is loaded with ``-p labsim.course._nbval_report`` in the grading subprocess only, and:
 
-- appends one JSON line per notebook cell to the file named by ``LABSIM_GRADE_REPORT``
-  (cell number, outcome, what nbval said, the cell's outputs cut to a bounded size, whether
-  the kernel was alive afterwards), flushed at once, so a run killed for its notebook time
-  limit still leaves the record of every cell it finished;
-- starts the kernel on the ports listed in ``LABSIM_GRADE_PORTS`` (five numbers), so parallel
-  runs never race for the same port;
+- writes one JSON line per notebook cell to the pipe whose descriptor is
+  ``LABSIM_GRADE_REPORT_FD`` (cell number, outcome, what nbval said, the cell's outputs cut
+  to a bounded size, whether the kernel was alive afterwards), flushed at once, so a run
+  killed for its notebook time limit still leaves the record of every cell it finished.  The
+  pipe leads to the run's first process, outside the learner's reach: this process makes
+  itself non-dumpable (so the kernel, the same uid, cannot ptrace it or open its
+  descriptors) and the kernel does not inherit the descriptor;
+- starts the kernel on the ports listed in ``LABSIM_GRADE_PORTS`` (five numbers) when runs
+  share a loopback (no network namespace), so parallel runs never race for the same port;
 - notices a dead kernel within a fraction of a second instead of waiting for the cell time
   limit (nbval alone waits the whole limit for a reply that never comes);
 - cuts every stream message to ``STREAM_LIMIT_CHARS``, so a notebook that prints 100 MB
@@ -28,13 +31,13 @@ import pytest
 # jsonschema (imported by nbformat, which nbval imports) loads the optional rfc3987_syntax
 # package when present, and building its grammar takes seconds per run; nbformat's schema
 # does not use it.  This module is loaded before nbval, so the import is skipped.
-if os.environ.get("LABSIM_GRADE_REPORT"):
+if os.environ.get("LABSIM_GRADE_REPORT_FD"):
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 STREAM_LIMIT_CHARS = 64_000
 TEXT_LIMIT_CHARS = 8_000
 POLL_S = 0.25
-_REPORT_ENV = "LABSIM_GRADE_REPORT"
+_REPORT_ENV = "LABSIM_GRADE_REPORT_FD"
 _PORTS_ENV = "LABSIM_GRADE_PORTS"
 _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
@@ -114,11 +117,12 @@ def _outputs(item: Any) -> list[dict]:
 
 
 class _Recorder:
-    """Appends one JSON line per cell to ``path`` (held here, not in the environment, so the
-    learner's kernel, started later, does not inherit where the record is kept)."""
+    """Writes one JSON line per cell to the record pipe (its descriptor is held here and is
+    not inherited: the kernel starts with only its standard streams)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, fd: int) -> None:
+        os.set_inheritable(fd, False)
+        self.pipe = os.fdopen(fd, "w", encoding="utf-8")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
@@ -141,14 +145,25 @@ class _Recorder:
             "duration_s": round(call.stop - call.start, 3),
             "outputs": _outputs(item),
         }
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
+        self.pipe.write(json.dumps(record) + "\n")
+        self.pipe.flush()
+
+
+def _nodump() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): same-uid processes (the kernel) can no longer ptrace this
+    one or open its /proc/PID/fd."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    path = os.environ.pop(_REPORT_ENV, "")
-    if path:
+    fd = os.environ.pop(_REPORT_ENV, "")
+    if fd.isdigit():
+        _nodump()
         _install()
         os.environ.pop(_PORTS_ENV, None)
-        config.pluginmanager.register(_Recorder(path), "labsim-grade-recorder")
+        config.pluginmanager.register(_Recorder(int(fd)), "labsim-grade-recorder")

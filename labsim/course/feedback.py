@@ -60,13 +60,17 @@ def feedback_text(lab: str, result: Any) -> str:
         lines.append(f"  {mark}  {kind} {s.check.name} ({pts})")
         if not s.passed:
             lines.append(_indent(s.detail))
-    if result.reasons or result.notes:
+    broken = [s for s in result.scores if s.flags]
+    if result.reasons or result.notes or broken:
         lines += ["", "What the grader noticed:"]
         lines += [f"  - {r}" for r in (*result.reasons, *result.notes)]
+        lines += [f"  - check {s.check.name}: a forbidden shortcut (see above); it earns 0"
+                  for s in broken]
     lines += [
         "",
         "How to improve: open the notebook, run it from the top (Kernel > Restart and Run "
-        "All), and fix the first check that fails; each check names its first failing case.",
+        "All), and fix the first check that fails; each check names its first failing case. "
+        "`labsim check NOTEBOOK` runs every check of your notebook at once.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -100,17 +104,24 @@ def feedback_names(paths: Sequence[Path | str]) -> list[str]:
     return out
 
 
+def _cell(text: str) -> str:
+    """A CSV cell safe to open in a spreadsheet: no formula (=, +, -, @ first) runs."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def csv_text(report: Any) -> str:
     """The CSV of a ``grade.Report``: submission, status, one column per check, total, max,
-    reason, review."""
+    reason, review (what is worth a look by hand: rules broken, references called, tools
+    used), sandbox (the protections this run lacked; empty when it had all of them)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["submission", "status", *[c.name for c in report.checks], "total", "max",
-                     "reason", "review"])
+                     "reason", "review", "sandbox"])
     for r in report.results:
         writer.writerow([
-            r.submission, r.status, *[_fmt(s.score) for s in r.scores], _fmt(r.total),
-            _fmt(r.maximum), "; ".join(r.reasons), " ".join(r.flags),
+            _cell(r.submission), r.status, *[_fmt(s.score) for s in r.scores], _fmt(r.total),
+            _fmt(r.maximum), _cell("; ".join(r.reasons)), _cell("; ".join(r.flags)),
+            _cell(r.sandbox),
         ])
     return buf.getvalue()
 

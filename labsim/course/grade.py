@@ -1,63 +1,71 @@
 """Grade a class: every submission of one lab -> one CSV row and one feedback file each.
 
-For each submission ``grade`` rebuilds the notebook from the released lab (``rebuild``), runs
-it under nbval in a sandboxed process with its own kernel (``sandbox``), and scores each
-check from what nbval saw:
+For each submission ``grade`` rebuilds the notebook from the released lab (``rebuild``: the
+learner's exercise cells, and a collector cell in place of each check cell), runs it in a
+sandbox (``sandbox``) and scores each check **in this process, from its own comparisons**:
 
-- a check cell that nbval passes (it printed exactly the stored PASS line) earns its points;
-- a check that raised ``CheckFailed`` earns ``points * passed / cases`` from its
-  ``FAIL name: k/n cases passed`` line (``labsim.checks.SUMMARY_RE``), only when the name and
-  the number of cases are those of the release;
-- anything else (an error before the check could run, other printed output, a cell never
-  reached because of a time limit or a dead kernel) earns 0, with the reason in words.
+- the cases of every check are built here, once, with labsim's reference or oracle
+  (``Spec.cases()``); only their names and inputs are sent into the sandbox;
+- the collector cell runs the check's driver on those inputs and writes each case's outcome
+  as plain data (never pickle); the grader reads it defensively (``records.read_outcomes``)
+  and judges it with the check's rules and comparisons (``Spec.judge``);
+- a check earns ``points * passed / cases``; a rule broken or a reference called earns 0 and
+  is named in the ``review`` column; a check whose results are missing (the exercise is
+  missing, the kernel died, a time limit) earns 0, with the reason in words.
 
-Status of a row: ``invalid`` (not a readable notebook of this lab), ``crashed`` (the kernel
-died), ``timeout`` (a cell or the whole notebook ran over its limit), ``tampered`` (check cells,
-their stored outputs or narrative differ from the release; graded with the released ones),
-else ``ok``.  One row per submission, in the order given, whatever ``jobs`` is; the CSV is
-written atomically at the end.
+Nothing the learner's process prints, raises or writes decides a score: the text nbval saw
+only explains the status and the reasons (``records.CellRecord``), cut to a short sanitised
+excerpt.  Status of a row: ``invalid`` (not a readable notebook of this lab), ``crashed`` (the
+kernel died), ``timeout`` (a cell or the whole notebook ran over its limit), ``tampered``
+(check cells or narrative differ from the release; the released ones were graded), else
+``ok``.  One row per submission, in the order given, whatever ``jobs`` is; the CSV is written
+atomically at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import nbformat
-
-from labsim.checks._core import SUMMARY_RE
+from labsim.checks import Spec, _plain
+from labsim.checks._observe import reference_codes
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
 from labsim.course.feedback import csv_text, feedback_names, feedback_text, write_csv
+from labsim.course.records import CellRecord, read_outcomes, read_records, sanitize
+from labsim.course.submission import read_submission
 
 __all__ = ["CheckScore", "Options", "Report", "Result", "csv_text", "grade", "write_csv"]
 
 STATUSES = ("ok", "tampered", "timeout", "crashed", "invalid")
-MAX_SUBMISSION_BYTES = 50_000_000
 
 
 @dataclass(frozen=True)
 class CheckScore:
-    """Score of one check for one submission; ``detail`` is safe to show the learner."""
+    """Score of one check for one submission; ``detail`` is grader-composed text, safe to
+    show the learner; ``flags`` go to the review column."""
 
     check: rb.Check
     score: float
     passed: bool
     detail: str
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Result:
-    """The grade of one submission."""
+    """The grade of one submission (``sandbox``: what the sandbox could not provide)."""
 
     submission: str
     status: str
@@ -66,6 +74,7 @@ class Result:
     notes: tuple[str, ...] = ()
     flags: tuple[str, ...] = ()
     wall_s: float = 0.0
+    sandbox: str = ""
 
     @property
     def total(self) -> float:
@@ -97,62 +106,104 @@ def _fmt(x: float) -> str:
     return f"{round(x, 2):g}"
 
 
-def score_check(check: rb.Check, record: sb.CellRecord | None, why_not_run: str) -> CheckScore:
-    """Score one check from the grader's record of its cell (None: the cell never ran)."""
-    if record is None:
-        return CheckScore(check, 0.0, False, f"not run: {why_not_run}")
-    error = record.error
-    printed = record.stdout.strip()
-    if error is None and record.outcome == "passed":
-        match = SUMMARY_RE.fullmatch(printed)
-        if not check.hidden or (
-            match and match["status"] == "PASS" and match["passed"] == match["total"]
-        ):
-            return CheckScore(check, check.points, True, "passed")
-    if "Timeout of" in record.message:
-        return CheckScore(check, 0.0, False, "interrupted: it ran over the cell time limit")
-    if error is not None and error.ename == "CheckFailed":
-        first, _, rest = error.evalue.partition("\n")
-        match = SUMMARY_RE.fullmatch(first.strip())
-        if match and match["status"] == "FAIL" and _same_check(check, match):
-            passed, total = int(match["passed"]), int(match["total"])
-            detail = f"{passed}/{total} cases passed"
-            if check.hidden:
-                detail += " (the cases of hidden checks are not shown)"
-            elif rest.strip():
-                detail += "\n" + rest.strip()
-            return CheckScore(check, check.points * passed / total, False, detail)
-    if error is not None:
-        if check.hidden:
-            return CheckScore(check, 0.0, False, f"the check could not run ({error.ename})")
-        first = error.evalue.splitlines()[:1]
-        what = error.ename + (f": {first[0][:300]}" if first else "")
-        return CheckScore(check, 0.0, False, f"the check could not run: {what}")
-    if not printed:
-        return CheckScore(
-            check, 0.0, False,
-            "the check printed nothing (expected its PASS line); does code in an exercise "
-            "cell hide error messages or printed output?",
-        )
-    return CheckScore(
-        check, 0.0, False,
-        "the check printed something besides its PASS line; remove print calls from your "
-        "functions",
-    )
+@dataclass
+class Expectations:
+    """The cases of every check of a grading run, built once in the grader's process, and
+    the files that carry their *inputs* (never their expected values) into each run."""
+
+    checks: tuple[rb.Check, ...]
+    specs: list[Spec] = field(default_factory=list)
+    cases: list[list[Any]] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    forbidden: list[set[str]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, checks: Sequence[rb.Check]) -> Expectations:
+        from labsim.course.release import resolve_check
+
+        self = cls(tuple(checks))
+        entries = []
+        for i, check in enumerate(checks):
+            if check.extra is not None:
+                spec = check.extra.spec()
+                entries.append({"title": check.name, "driver": check.extra.like or None,
+                                "functions": len(check.functions),
+                                "forbid": list(check.extra.forbid)})
+            else:
+                spec = resolve_check(check.spec, f"check `{check.name}`")
+                entries.append({"title": check.name, "driver": check.spec,
+                                "functions": len(check.functions), "forbid": []})
+            cases = spec.cases()
+            if not check.hidden and check.cases and len(cases) != check.cases:
+                raise ValueError(f"check {check.name}: the release expects {check.cases} cases, "
+                                 f"labsim's check has {len(cases)}; release the lab again")
+            text, blob = _plain.encode([[c.name, tuple(c.args), dict(c.kwargs)] for c in cases])
+            self.files[f"check-{i}.json"], self.files[f"check-{i}.bin"] = text.encode(), blob
+            self.specs.append(spec)
+            self.cases.append(cases)
+            self.forbidden.append(set(reference_codes(spec.forbid).values()))
+        self.files["checks.json"] = json.dumps(entries).encode()
+        return self
+
+    def exports(self) -> tuple[str, ...]:
+        names = [f"check-{i}.{ext}" for i in range(len(self.checks)) for ext in ("json", "bin")]
+        return (*names, "exercises.json", "exercises.bin")
+
+    def kernel_config(self, rebuilt: rb.Rebuilt) -> bytes:
+        forbid = sorted({t for s in self.specs for t in s.forbid})
+        hashes = [hashlib.sha256(src.encode()).hexdigest() for src in rebuilt.exercise_sources]
+        return json.dumps({"exercise_hashes": hashes, "forbid": forbid}).encode()
 
 
-def _same_check(check: rb.Check, match: re.Match) -> bool:
-    passed, total = int(match["passed"]), int(match["total"])
-    if total == 0 or not 0 <= passed <= total:
-        return False
-    return check.hidden or (check.cases == total and check.name.split("#")[0] == match["title"])
+def _flag(reason: str) -> str:
+    return sanitize(reason.split(": ", 1)[-1], 80)
+
+
+def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
+                record: CellRecord | None, why_not_run: str) -> CheckScore:
+    """Score one check from the outcomes its collector wrote (see the module docstring)."""
+    spec, cases = exp.specs[index], exp.cases[index]
+    got = read_outcomes(out_dir, f"check-{index}", len(cases))
+    if isinstance(got, str):
+        if got != "missing":
+            return CheckScore(check, 0.0, False, f"the check could not be read: {got}",
+                              (f"invalid results: {check.name}",))
+        if record is None:
+            return CheckScore(check, 0.0, False, f"not run: {why_not_run}")
+        if "Timeout of" in record.message:
+            return CheckScore(check, 0.0, False, "interrupted: it ran over the cell time limit")
+        error = record.error
+        if error is not None and not check.hidden:
+            first = error.evalue.splitlines()[:1]
+            what = sanitize(error.ename, 60) + (f": {sanitize(first[0])}" if first else "")
+            return CheckScore(check, 0.0, False, f"the check could not run: {what}")
+        if error is not None:
+            return CheckScore(check, 0.0, False,
+                              f"the check could not run ({sanitize(error.ename, 60)})")
+        return CheckScore(check, 0.0, False, "the check left no results (was its collector "
+                          "replaced?)", (f"no results: {check.name}",))
+    verdict = spec.judge(cases, got)
+    flags = tuple(f"{check.name}: {_flag(b)}" for b in verdict.broken)
+    score = check.points * verdict.passed / verdict.total
+    if check.hidden:
+        detail = f"{verdict.passed}/{verdict.total} cases passed (the cases of hidden checks " \
+                 "are not shown)"
+        if verdict.broken:
+            detail += "; it takes a forbidden shortcut on a hidden case"
+        return CheckScore(check, score, verdict.ok, detail, flags)
+    if verdict.ok:
+        return CheckScore(check, score, True, "passed", flags)
+    lines = verdict.message().splitlines()[1:]
+    detail = "\n".join([f"{verdict.passed}/{verdict.total} cases passed",
+                        *(sanitize(line, 240) for line in lines[:4])])
+    return CheckScore(check, score, False, detail, flags)
 
 
 def score_run(
-    rebuilt: rb.Rebuilt, run: sb.RunRecord, limits: sb.Limits
-) -> tuple[str, list[CheckScore], list[str]]:
-    """Status, per-check scores and reasons (in words) from one sandboxed run."""
-    records = {r.cell: r for r in run.cells}
+    rebuilt: rb.Rebuilt, run: sb.RunRecord, limits: sb.Limits, exp: Expectations
+) -> tuple[str, list[CheckScore], list[str], list[str]]:
+    """Status, per-check scores, reasons (in words) and review flags from one run."""
+    records = {r.cell: r for r in read_records(run.records)}
     status, stop, reasons = "ok", "", []
     code_errors = 0
     last = -1  # the last cell whose record counts
@@ -163,7 +214,8 @@ def score_run(
         message = record.message
         if record.phase == "setup":
             status, last = "crashed", number - 1
-            stop = "the kernel could not start: " + (message.splitlines() or ["no message"])[0]
+            stop = "the kernel could not start: " + sanitize(
+                (message.splitlines() or ["no message"])[0])
             reasons.append(stop)
             break
         if "Timeout of" in message:
@@ -187,10 +239,8 @@ def score_run(
             if error is not None and error.ename != "NotImplementedError":
                 if cell.role == "exercise" or not code_errors:
                     first = error.evalue.splitlines()[:1]
-                    reasons.append(
-                        f"{cell.label} raised {error.ename}"
-                        + (f": {first[0][:200]}" if first else "")
-                    )
+                    reasons.append(f"{cell.label} raised {sanitize(error.ename, 60)}"
+                                   + (f": {sanitize(first[0])}" if first else ""))
                 code_errors += cell.role == "code"
         last = number
     if code_errors > 1:
@@ -202,16 +252,50 @@ def score_run(
             stop = f"the notebook ran over its {_fmt(limits.notebook_s)} s limit (in {where})"
         else:
             status = "crashed"
-            stop = (f"the run stopped before {where} (the nbval process exited with code "
+            stop = (f"the run stopped before {where} (nbval exited with code "
                     f"{run.returncode}; rerun with --keep-runs DIR to see its log)")
         reasons.append(stop)
-    scores = []
     cell_of = {c.check: n for n, c in enumerate(rebuilt.cells) if c.check is not None}
+    scores = []
     for index, check in enumerate(rebuilt.checks):
         number = cell_of[index]
         record = records.get(number) if number <= last else None
-        scores.append(score_check(check, record, stop or "not reached"))
-    return status, scores, reasons
+        scores.append(judge_check(index, check, exp, run.out_dir, record, stop or "not reached"))
+    flags = _exercise_references(run.out_dir, exp, scores)
+    return status, scores, reasons, flags
+
+
+def _exercise_references(out_dir: Path, exp: Expectations, scores: list[CheckScore]
+                         ) -> list[str]:
+    """References an exercise cell called while it was defined: flagged, and every check
+    forbidding one of them scores 0."""
+    got = _exercise_calls(out_dir)
+    called = {sanitize(r, 120) for _, refs in got for r in refs if isinstance(r, str)}
+    if not called:
+        return []
+    for i, s in enumerate(scores):
+        if exp.forbidden[i] & called and s.score:
+            scores[i] = CheckScore(s.check, 0.0, False, "an exercise cell called labsim's own "
+                                   "reference (" + ", ".join(sorted(called))[:200] + ")",
+                                   s.flags)
+    return [f"an exercise cell calls {', '.join(sorted(called))[:200]}"]
+
+
+def _exercise_calls(out_dir: Path) -> list[Any]:
+    """[cell digest, [reference names]] pairs the exercise-cell tripwire wrote, or []."""
+    from labsim.course.records import read_regular
+
+    text = read_regular(out_dir / "exercises.json", 1 << 20)
+    if text is None:
+        return []
+    try:
+        value = _plain.decode(text, read_regular(out_dir / "exercises.bin", 1 << 20) or b"")
+    except _plain.PlainDataError:
+        return [["", ["an unreadable record of reference calls"]]]
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, list) and len(v) == 2
+            and isinstance(v[1], list)][:50]
 
 
 @dataclass(frozen=True)
@@ -222,12 +306,13 @@ class Options:
     jobs: int = 1
     extra: rb.ExtraChecks | None = None
     feedback_dir: Path | None = None
-    keep_dir: Path | None = None  # keep each run's working folder here (for debugging)
-    work_dir: Path | None = None  # where runs' working folders go (default: system temp)
+    keep_dir: Path | None = None  # keep each run's folder here (for debugging)
+    work_dir: Path | None = None  # where runs' folders go (default: system temp)
 
     def __post_init__(self) -> None:
-        if self.jobs < 1:
-            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not (
+                1 <= self.jobs <= 256):
+            raise ValueError(f"jobs must be a whole number from 1 to 256, got {self.jobs!r}")
 
 
 def _invalid(name: str, checks: Sequence[rb.Check], reason: str) -> Result:
@@ -235,65 +320,76 @@ def _invalid(name: str, checks: Sequence[rb.Check], reason: str) -> Result:
     return Result(name, "invalid", scores, (reason,))
 
 
-def _read_submission(path: Path) -> tuple[object | None, str]:
-    """(notebook, "") or (None, why it cannot be graded); reads the file once, never writes."""
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        return None, f"cannot read the file: {exc.strerror or exc}"
-    if size > MAX_SUBMISSION_BYTES:
-        limit_mb = MAX_SUBMISSION_BYTES // 10**6
-        return None, f"the file is {size / 1e6:.0f} MB, over the {limit_mb} MB limit"
-    try:
-        nb = nbk.read(path)
-    except nbk.NotebookError as exc:
-        return None, str(exc).removeprefix(f"{path}: ")
-    try:
-        nbformat.validate(nb)
-    except nbformat.ValidationError as exc:
-        return None, f"not a valid notebook: {str(exc.message).splitlines()[0][:200]}"
-    return nb, ""
+KEEP_FILE_BYTES = 64 * 2**20
+KEEP_TOTAL_BYTES = 256 * 2**20
+
+
+def keep_run(folder: Path, target: Path) -> None:
+    """Copy a run's folder for ``--keep-runs``: regular files only, never following a link,
+    at most ``KEEP_FILE_BYTES`` each and ``KEEP_TOTAL_BYTES`` in all."""
+    from labsim.course.records import read_regular
+
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        rel = Path(dirpath).relative_to(folder)
+        if rel.parts[:1] == ("root",):
+            dirnames[:] = []
+            continue
+        for name in sorted(filenames):
+            data = read_regular(Path(dirpath) / name, KEEP_FILE_BYTES)
+            if data is None or total + len(data) > KEEP_TOTAL_BYTES:
+                continue
+            total += len(data)
+            dest = target / rel / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
 
 
 def grade_one(
-    lab: rb.ReleasedLab, name: str, sub: object | None, problem: str, options: Options,
-    box: sb.Sandbox, ports: Callable[[], list[int]], threads: int, workroot: Path,
-    cancel: threading.Event | None = None,
+    lab: rb.ReleasedLab, name: str, path: Path, options: Options, box: sb.Sandbox,
+    ports: Callable[[], list[int]], threads: int, workroot: Path, exp: Expectations,
+    cancel: threading.Event | None = None, keep_name: str = "",
 ) -> Result:
-    """Grade one submission (already read); never raises for anything in the submission."""
-    checks = lab.checks + (options.extra.checks if options.extra else ())
+    """Read and grade one submission; never raises for anything in the submission."""
+    checks = exp.checks
+    sub, problem = read_submission(path)
     if sub is None:
         return _invalid(name, checks, problem)
     if not rb.is_this_lab(lab, sub):
         return _invalid(name, checks, f"no cell or exercise of {lab.path.name} in it (wrong lab?)")
     rebuilt = rb.rebuild(lab, sub, options.extra)
-    workdir = Path(tempfile.mkdtemp(prefix="run-", dir=workroot))
+    del sub
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=workroot))
+    files = {**exp.files, "kernel.json": exp.kernel_config(rebuilt)}
     try:
-        run = sb.run_notebook(nbk.dumps(rebuilt.notebook), workdir, options.limits, box,
-                              ports(), threads, cancel)
+        run = sb.run_notebook(nbk.dumps(rebuilt.notebook), folder / "run", options.limits, box,
+                              ports(), threads, cancel, files=files, exports=exp.exports())
+        status, scores, reasons, flags = score_run(rebuilt, run, options.limits, exp)
     finally:
         if options.keep_dir is not None:
-            keep = Path(options.keep_dir) / feedback_names([name])[0].removesuffix(".txt")
-            shutil.copytree(workdir, keep, dirs_exist_ok=True)
-        shutil.rmtree(workdir, ignore_errors=True)
-    status, scores, reasons = score_run(rebuilt, run, options.limits)
+            keep_run(folder, Path(options.keep_dir) / keep_name)
+        shutil.rmtree(folder, ignore_errors=True)
     if rebuilt.tampering:
         reasons = [*reasons, "changed from the release (the released cells were used): "
                    + "; ".join(rebuilt.tampering)]
         if status == "ok":
             status = "tampered"
-    return Result(name, status, tuple(scores), tuple(reasons), rebuilt.notes, rebuilt.flags,
-                  run.wall_s)
+    missing = list(run.jail.get("missing", [])) if run.jail else ["no report from the sandbox"]
+    review = [*flags, *(f for s in scores for f in s.flags), *rebuilt.flags]
+    return Result(name, status, tuple(scores), tuple(reasons), rebuilt.notes, tuple(review),
+                  run.wall_s, "; ".join(sanitize(m, 120) for m in missing))
 
 
 def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Options(),
           box: sb.Sandbox | None = None) -> Report:
-    """Grade every submission of one released lab (see the module docstring)."""
+    """Grade every submission of one released lab (see the module docstring).  Submissions
+    are read one at a time, by the job that grades them."""
     start = time.monotonic()
     lab = rb.read_lab(lab_path)
+    checks = lab.checks + (options.extra.checks if options.extra else ())
+    exp = Expectations.build(checks)
     box = box if box is not None else sb.probe()
     names = [str(p) for p in submissions]
-    read = [_read_submission(Path(p)) for p in submissions]  # all read before any run
     pool = sb.PortPool()
     lock = threading.Lock()
     cancel = threading.Event()
@@ -306,20 +402,22 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
     if options.work_dir is not None:
         Path(options.work_dir).mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
+    os.chmod(workroot, 0o711)  # the sandbox (another uid) must reach its own run folder
     fb_names = feedback_names(submissions)
-    if options.feedback_dir is not None:
-        Path(options.feedback_dir).mkdir(parents=True, exist_ok=True)
+    for d in (options.feedback_dir, options.keep_dir):
+        if d is not None:
+            Path(d).mkdir(parents=True, exist_ok=True)
 
     def one(i: int) -> Result:
         try:
-            result = grade_one(lab, names[i], read[i][0], read[i][1], options, box, ports,
-                               threads, workroot, cancel)
+            result = grade_one(lab, names[i], Path(submissions[i]), options, box, ports,
+                               threads, workroot, exp, cancel,
+                               keep_name=fb_names[i].removesuffix(".txt"))
         except Exception as exc:  # noqa: BLE001 - one bad submission never stops the class
-            checks = lab.checks + (options.extra.checks if options.extra else ())
             result = Result(names[i], "crashed",
                             tuple(CheckScore(c, 0.0, False, "not graded") for c in checks),
                             (f"the grader failed on this submission: {type(exc).__name__}: "
-                             f"{exc}",))
+                             f"{sanitize(exc)}",))
         if options.feedback_dir is not None:
             nbk.write_atomic(Path(options.feedback_dir) / fb_names[i],
                              feedback_text(lab.path.stem, result))
@@ -334,5 +432,4 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(workroot, ignore_errors=True)
-    checks = lab.checks + (options.extra.checks if options.extra else ())
     return Report(lab.path.stem, checks, results, box.warnings, time.monotonic() - start)

@@ -10,6 +10,7 @@ A course notebook has four kinds of cell, told apart by their source:
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import tempfile
@@ -33,15 +34,34 @@ def cell_label(index: int, cell: Any) -> str:
     return f"cell {index} (id {cell.get('id', '?')!r})"
 
 
+MAX_NOTEBOOK_BYTES = 64 * 2**20
+
+
 def read(path: Path) -> nbformat.NotebookNode:
-    """Read a notebook, turning JSON and schema errors into ``NotebookError`` naming the file."""
+    """Read a notebook (a regular file, never a FIFO or device, at most 64 MiB), turning
+    decoding, JSON and schema errors into ``NotebookError`` naming the file."""
+    import stat
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise NotebookError(f"{path}: not a regular file")
+        if info.st_size > MAX_NOTEBOOK_BYTES:
+            raise NotebookError(f"{path}: {info.st_size} bytes, over the {MAX_NOTEBOOK_BYTES} "
+                                "byte limit of a notebook")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_NOTEBOOK_BYTES + 1)
     except OSError as exc:
         raise NotebookError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotebookError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    try:
         raw = json.loads(text)
+    except RecursionError:
+        raise NotebookError(f"{path}: JSON nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise NotebookError(
             f"{path}: not valid notebook JSON (line {exc.lineno}, column {exc.colno}: "
@@ -116,6 +136,52 @@ def stub_out(source: str, where: str) -> str:
             f"{where}: '{BEGIN}' on line {begin_line} is never closed; add '{END}'"
         )
     return "\n".join(out)
+
+
+def check_call(source: str, where: str) -> tuple[str, tuple[str, ...]]:
+    """``("labsim.checks.<topic>:<name>", (function names...))`` of a check cell, whose code
+    must be one call ``check.<topic>.<name>(fn, ...)`` (``check`` is ``labsim.checks``)
+    taking the exercises' functions by name."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError as exc:
+        raise NotebookError(f"{where}: the check cell is not valid Python ({exc.msg})") from None
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+    chain: list[str] = []
+    func = call.func if isinstance(call, ast.Call) else None
+    while isinstance(func, ast.Attribute):
+        chain.insert(0, func.attr)
+        func = func.value
+    if (not isinstance(call, ast.Call) or not isinstance(func, ast.Name) or func.id != "check"
+            or len(chain) < 2 or call.keywords
+            or not all(isinstance(a, ast.Name) for a in call.args)):
+        raise NotebookError(
+            f"{where}: a check cell makes one call, check.<topic>.<name>(fn, ...), passing the "
+            "exercise functions by name"
+        )
+    module = ".".join(["labsim.checks", *chain[:-1]])
+    return f"{module}:{chain[-1]}", tuple(a.id for a in call.args)  # type: ignore[attr-defined]
+
+
+def stub_defines(source: str, where: str) -> None:
+    """Raise ``NotebookError`` unless every ``raise NotImplementedError`` of a stubbed
+    exercise sits inside a function body, so running the released cell defines its functions
+    and classes (a stub in a class body or at the top level would raise at once)."""
+    tree = ast.parse(source)
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Raise) and not in_function and STUB.split("(")[0].split()[
+                    -1] in ast.unparse(child):
+                raise NotebookError(
+                    f"{where}, line {child.lineno}: a solution block outside a function body "
+                    "becomes a raise that runs when the cell is defined; put the block inside "
+                    "a method or function"
+                )
+            walk(child, in_function or isinstance(child, (ast.FunctionDef,
+                                                          ast.AsyncFunctionDef)))
+
+    walk(tree, False)
 
 
 def dumps(nb: nbformat.NotebookNode) -> str:

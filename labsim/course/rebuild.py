@@ -3,58 +3,60 @@
 Only the learner's exercise cells are taken from the submission, matched by the stable cell id
 the release gave them, or -- for a learner who deleted and recreated a cell -- by the
 function the exercise defines (the last submission cell defining it wins, as it would when the
-notebook runs top to bottom).  Everything else (setup, narrative, check cells and their stored
-PASS lines) comes from the release, so editing or deleting those changes nothing; the rebuild
-records what was changed (``Rebuilt.tampering`` for check cells and narrative, ``notes`` for
-anything else worth telling).
+notebook runs top to bottom).  Everything else (setup, narrative, code cells) comes from the
+release, and each check cell becomes a *collector* cell: it runs the check's driver on the
+grader's inputs and writes what the learner's functions did (``labsim.checks._collect``); the
+grader judges it (``grade.py``).  The rebuild records what was changed (``Rebuilt.tampering``
+for check cells and narrative, ``notes`` for anything else worth telling).
 
-Extra checks an instructor keeps private are appended from a ``.py`` file in the "percent"
-cell format (``ExtraChecks``).
+Extra checks an instructor keeps private come from a Python file defining ``CHECKS``, a list
+of ``labsim.checks.Hidden`` (``read_extra_checks``); it runs in the grader's process only.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import runpy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
-from labsim.checks._core import SUMMARY_RE
+from labsim.checks import SUMMARY_RE, Hidden
 from labsim.course import notebook as nbk
 
-EXTRA_HEADER_RE = re.compile(r"^# %%(?P<rest>.*)$")
-EXTRA_CHECK_RE = re.compile(
-    r"^\s*extra-check\s+(?P<name>[\w.\-]+)(?:\s+points=(?P<pts>[\d.]+))?\s*$"
-)
 DEF_RE = r"^(?:async\s+)?(?:def|class)\s+{name}\b"
+COLLECT = '__import__("labsim.checks._collect", fromlist=["collect"]).collect({index}, {fns})'
 
 
 @dataclass(frozen=True)
 class Check:
-    """One scored check: its column name, points, and what a pass prints.
+    """One scored check: its column name, points, the labsim check it calls (``spec``,
+    ``"module:name"``) with which functions, and what a pass prints.
 
-    ``expected`` is the stored PASS line (empty for an extra check, which is judged by the
-    line it prints); ``cases`` the number of cases that line reports (0 when unknown);
-    ``hidden`` marks an instructor's extra check, whose cases are never shown to learners.
-    """
+    ``expected`` is the PASS line the release stored and ``cases`` its number of cases (0 for
+    an extra check); ``hidden`` marks an instructor's extra check, whose cases are never shown
+    to learners (``extra`` holds its definition)."""
 
     name: str
     points: float
+    spec: str = ""
+    functions: tuple[str, ...] = ()
     expected: str = ""
     cases: int = 0
     hidden: bool = False
+    extra: Hidden | None = None
 
 
 @dataclass(frozen=True)
 class Cell:
     """A code cell of the graded notebook as nbval numbers them (code cells only)."""
 
-    role: str  # exercise, check, extra-check, code, extra-code
+    role: str  # exercise, check, extra-check, code
     label: str  # words for feedback: "exercise `roofline_time`", "check `x`", "cell 3"
-    check: int | None = None  # index into the lab's checks
+    check: int | None = None  # index into the graded checks
 
 
 @dataclass(frozen=True)
@@ -69,13 +71,9 @@ class ReleasedLab:
 
 @dataclass(frozen=True)
 class ExtraChecks:
-    """Instructor-private cells appended after the lab: setup code and scored checks."""
+    """An instructor's private checks, appended after the lab's."""
 
-    cells: tuple[tuple[str, Check | None], ...]  # (source, check or None for setup code)
-
-    @property
-    def checks(self) -> tuple[Check, ...]:
-        return tuple(c for _, c in self.cells if c is not None)
+    checks: tuple[Check, ...]
 
 
 @dataclass(frozen=True)
@@ -88,13 +86,7 @@ class Rebuilt:
     tampering: tuple[str, ...]
     notes: tuple[str, ...]
     flags: tuple[str, ...]
-
-
-def _stdout(cell: Any) -> str:
-    return "".join(
-        o.get("text", "") for o in cell.get("outputs", [])
-        if o.get("output_type") == "stream" and o.get("name") == "stdout"
-    )
+    exercise_sources: tuple[str, ...] = ()
 
 
 def _role(cell: Any) -> str:
@@ -106,26 +98,28 @@ def _defined_names(source: str) -> tuple[str, ...]:
 
 
 def read_lab(path: Path) -> ReleasedLab:
-    """Read a released lab; ``ValueError`` if it is not one (no check with a stored PASS)."""
+    """Read a released lab; ``ValueError`` if it is not one (no check with its metadata)."""
     nb = nbk.read(Path(path))
     checks: list[Check] = []
     exercises: dict[str, tuple[str, ...]] = {}
     seen: dict[str, int] = {}
     for index, cell in enumerate(nb.cells):
         kind = _role(cell)
+        where = f"{path}: {nbk.cell_label(index, cell)}"
         if kind == "check":
-            match = SUMMARY_RE.search(_stdout(cell))
-            if not match or match["status"] != "PASS":
-                raise ValueError(
-                    f"{path}: {nbk.cell_label(index, cell)} is a check cell without a stored "
-                    "PASS line; grade against a lab written by `labsim release`"
-                )
+            meta = cell.get("metadata", {}).get("labsim", {})
+            match = SUMMARY_RE.fullmatch(str(meta.get("expected", "")))
+            spec, fns = meta.get("check"), meta.get("functions")
+            if (not match or match["status"] != "PASS" or not isinstance(spec, str)
+                    or not isinstance(fns, list) or not all(isinstance(f, str) for f in fns)):
+                raise ValueError(f"{where} is a check cell without its release metadata; grade "
+                                 "against a lab written by `labsim release`")
             name = match["title"]
             seen[name] = seen.get(name, 0) + 1
             if seen[name] > 1:
                 name = f"{name}#{seen[name]}"
-            checks.append(Check(name, _points(cell, path, index), match.group(0),
-                                int(match["total"])))
+            checks.append(Check(name, _points(cell, path, index), spec, tuple(fns),
+                                match.group(0), int(match["total"])))
         elif kind == "exercise":
             exercises[cell.id] = _defined_names(cell.source)
     if not checks:
@@ -135,55 +129,41 @@ def read_lab(path: Path) -> ReleasedLab:
 
 def _points(cell: Any, path: Path, index: int) -> float:
     points = cell.get("metadata", {}).get("points", 1)
-    if isinstance(points, bool) or not isinstance(points, (int, float)) or points < 0:
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or not (
+            0 <= points < float("inf")):
         raise ValueError(f"{path}: {nbk.cell_label(index, cell)}: points must be a number >= 0")
     return float(points)
 
 
-def read_extra_checks(path: Path) -> ExtraChecks:
-    """Parse an extra-checks file: cells start at ``# %%`` lines; a cell whose header is
-    ``# %% extra-check NAME [points=N]`` is scored, the others are setup code."""
+def read_extra_checks(path: Path, lab: ReleasedLab | None = None) -> ExtraChecks:
+    """Run an instructor's extra-checks file (in this process: it is trusted) and return its
+    ``CHECKS``; ``ValueError`` naming the file for anything malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--extra-checks {path}: no such file")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the extra checks: {exc.strerror}") from None
-    cells: list[tuple[str, Check | None]] = []
-    header: str | None = None
-    body: list[str] = []
-
-    def flush() -> None:
-        source = "\n".join(body).strip("\n")
-        if header is None:
-            if source.strip():
-                cells.append((source, None))
-            return
-        match = EXTRA_CHECK_RE.match(header)
-        if match is None:
-            if header.strip():
-                raise ValueError(
-                    f"{path}: cell header '# %%{header}' not understood; write "
-                    "'# %% extra-check NAME points=N' for a scored check or '# %%' for code"
-                )
-            if source.strip():
-                cells.append((source, None))
-            return
-        cells.append((source, Check(match["name"], float(match["pts"] or 1), hidden=True)))
-
-    for line in text.splitlines():
-        match = EXTRA_HEADER_RE.match(line)
-        if match:
-            flush()
-            header, body = match["rest"], []
-        else:
-            body.append(line)
-    flush()
-    extra = ExtraChecks(tuple(cells))
-    names = [c.name for c in extra.checks]
-    if not names:
-        raise ValueError(f"{path}: no '# %% extra-check NAME' cell; nothing to grade")
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: extra check names must be unique, got {names}")
-    return extra
+        ns = runpy.run_path(str(path), run_name="labsim_extra_checks")
+    except Exception as exc:  # noqa: BLE001 - the instructor's file: say what went wrong
+        raise ValueError(f"{path}: running the extra checks failed: {type(exc).__name__}: "
+                         f"{exc}") from None
+    items = ns.get("CHECKS")
+    if not isinstance(items, (list, tuple)) or not items or not all(
+            isinstance(h, Hidden) for h in items):
+        raise ValueError(f"{path}: define CHECKS = [labsim.checks.Hidden(...), ...]")
+    names = [h.name for h in items]
+    taken = {c.name for c in lab.checks} if lab is not None else set()
+    if len(set(names)) != len(names) or taken & set(names):
+        raise ValueError(f"{path}: extra check names must be unique and differ from the "
+                         f"lab's checks, got {names}")
+    checks = []
+    for h in items:
+        try:
+            h.spec().cases()
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"{path}: extra check {h.name}: {exc}") from None
+        checks.append(Check(h.name, float(h.points), h.like, h.function_names, "",
+                            len(h.spec().cases()), hidden=True, extra=h))
+    return ExtraChecks(tuple(checks))
 
 
 def _find_exercise(sub: Any, cid: str, names: tuple[str, ...]) -> Any | None:
@@ -201,10 +181,13 @@ def _find_exercise(sub: Any, cid: str, names: tuple[str, ...]) -> Any | None:
 
 
 SUSPICIOUS = (
-    "get_ipython", "showtraceback", "sys.modules", "builtins", "labsim.checks", "run_check",
-    "CheckFailed", "sys.stdout", "PASS ", "ctypes", "os._exit", "sys.exit", "socket",
-    "subprocess", "os.system", "shutil.rmtree", "os.remove", "unlink", "exec(", "eval(",
-    "__import__", "signal",
+    "get_ipython", "showtraceback", "set_custom_exc", "sys.modules", "builtins", "__builtins__",
+    "labsim.checks", "labsim.course", "_collect", "run_check", "CheckFailed", "sys.stdout",
+    "PASS ", "ctypes", "os._exit", "sys.exit", "socket", "subprocess", "os.system", "os.fork",
+    "shutil.rmtree", "os.remove", "unlink", "exec(", "eval(", "compile(", "__import__",
+    "importlib", "signal", "_getframe", "f_locals", "f_back", "__code__", "__closure__",
+    "setprofile", "settrace", "TorchDispatchMode", "_python_dispatch", "DisableTorchFunction",
+    "_disable_current_modes", "reference", "LABSIM_GRADE", "/proc", "ptrace",
 )
 
 
@@ -218,10 +201,12 @@ def rebuild(lab: ReleasedLab, sub: Any, extra: ExtraChecks | None = None) -> Reb
     tampering: list[str] = []
     notes: list[str] = []
     flags: set[str] = set()
+    exercise_sources: list[str] = []
     narrative_changed = 0
     check_no = 0
     for cell in lab.notebook.cells:
         new = copy.deepcopy(cell)
+        new.outputs = [] if cell.cell_type == "code" else new.get("outputs", [])
         kind = _role(cell)
         mine = by_id.get(cell.get("id"))
         if kind == "exercise":
@@ -234,6 +219,7 @@ def rebuild(lab: ReleasedLab, sub: Any, extra: ExtraChecks | None = None) -> Reb
             else:
                 new.source = found.source
                 flags.update(w.strip("(. ") for w in SUSPICIOUS if w in found.source)
+            exercise_sources.append(new.source)
             cells.append(Cell("exercise", what))
         elif kind == "check":
             check = lab.checks[check_no]
@@ -241,8 +227,7 @@ def rebuild(lab: ReleasedLab, sub: Any, extra: ExtraChecks | None = None) -> Reb
                 tampering.append(f"check `{check.name}` deleted or edited")
             elif mine is not None and mine.source.strip() != cell.source.strip():
                 tampering.append(f"check `{check.name}` edited")
-            elif mine is not None and _output_edited(mine, cell):
-                tampering.append(f"stored output of check `{check.name}` edited")
+            new.source = COLLECT.format(index=check_no, fns=", ".join(check.functions))
             cells.append(Cell("check", f"check `{check.name}`", check_no))
             check_no += 1
         elif cell.cell_type == "code":
@@ -256,29 +241,17 @@ def rebuild(lab: ReleasedLab, sub: Any, extra: ExtraChecks | None = None) -> Reb
         out.cells.append(new)
     if narrative_changed:
         tampering.append(f"{narrative_changed} narrative cell(s) edited or deleted")
-    if extra is not None:
-        extra_no = len(lab.checks)
-        for source, check in extra.cells:
-            new = nbformat.v4.new_code_cell(source)
-            if check is None:
-                cells.append(Cell("extra-code", "an instructor's hidden code cell"))
-            else:
-                cells.append(Cell("extra-check", f"hidden check `{check.name}`", extra_no))
-                extra_no += 1
-            out.cells.append(new)
+    checks = list(lab.checks)
+    for check in extra.checks if extra is not None else ():
+        index = len(checks)
+        out.cells.append(nbformat.v4.new_code_cell(
+            COLLECT.format(index=index, fns=", ".join(check.functions))))
+        cells.append(Cell("extra-check", f"hidden check `{check.name}`", index))
+        checks.append(check)
     for i, c in enumerate(out.cells):
         c.id = f"graded-{i}"
-    checks = lab.checks + (extra.checks if extra is not None else ())
-    return Rebuilt(out, tuple(cells), checks, tuple(tampering), tuple(notes), tuple(sorted(flags)))
-
-
-def _output_edited(mine: Any, released: Any) -> bool:
-    """True when a submitted check cell shows printed output the check could not have made:
-    neither empty, nor the released PASS line, nor the result of a run that raised."""
-    if any(o.get("output_type") == "error" for o in mine.get("outputs", [])):
-        return False
-    text = _stdout(mine).strip()
-    return bool(text) and text != _stdout(released).strip()
+    return Rebuilt(out, tuple(cells), tuple(checks), tuple(tampering), tuple(notes),
+                   tuple(sorted(flags)), tuple(exercise_sources))
 
 
 def is_this_lab(lab: ReleasedLab, sub: Any) -> bool:

@@ -6,7 +6,12 @@ line of a correct solution) and writes two files:
 - ``solutions/NN_topic.ipynb`` normalised: ids on every cell, only check-cell outputs kept,
   so ``pytest --nbval-lax solutions/`` compares those lines against a fresh run;
 - ``labs/NN_topic.ipynb``: solution blocks replaced by ``raise NotImplementedError(...)``,
-  ``solution-only`` cells dropped, every output cleared except the check cells'.
+  ``solution-only`` cells dropped, every output cleared.  A released lab shows no result it
+  has not produced: each check cell keeps, in its metadata (``metadata.labsim``), which check
+  it calls (``check``: ``"labsim.checks.<topic>:<name>"``), with which functions
+  (``functions``) and the line the solution printed (``expected``:
+  ``PASS <name>: k/k cases passed``) -- what ``labsim check`` compares a learner's run with
+  and what ``labsim grade`` scores against.
 
 Both are written atomically and deterministically: releasing twice gives identical bytes.
 ``check`` derives the labs from the solutions as they are stored (without executing) and
@@ -17,13 +22,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
+from labsim.checks import SUMMARY_RE
 from labsim.course import notebook as nbk
 from labsim.course.notebook import NotebookError
 
@@ -47,8 +55,24 @@ def _cell_id(stem: str, index: int, source: str) -> str:
     return digest[:12]
 
 
+def resolve_check(path: str, where: str) -> Any:
+    """The ``labsim.checks`` ``Spec`` a check cell calls (``"module:name"``)."""
+    from labsim.checks import Spec
+
+    module, _, name = path.partition(":")
+    try:
+        spec = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        spec = None
+    if not isinstance(spec, Spec):
+        raise NotebookError(f"{where}: {module}.{name} is not a check of labsim.checks")
+    return spec
+
+
 def validate(nb: nbformat.NotebookNode, path: Path) -> None:
-    """Raise ``NotebookError`` naming the file and cell for any misplaced or unbalanced marker."""
+    """Raise ``NotebookError`` naming the file and cell for any misplaced or unbalanced marker,
+    a stub that would raise when its cell is defined, or a check cell that is not one call of
+    a labsim check."""
     for index, cell in enumerate(nb.cells):
         where = f"{path}: {nbk.cell_label(index, cell)}"
         if nbk.has_solution(cell):
@@ -59,7 +83,13 @@ def validate(nb: nbformat.NotebookNode, path: Path) -> None:
                 )
             if nbk.is_check(cell):
                 raise NotebookError(f"{where}: a check cell cannot contain a solution block")
-            nbk.stub_out(cell.source, where)  # raises on unbalanced markers
+            nbk.stub_defines(nbk.stub_out(cell.source, where), where)
+        elif nbk.is_check(cell):
+            spec_path, fns = nbk.check_call(cell.source, where)
+            spec = resolve_check(spec_path, where)
+            if len(fns) != spec.functions:
+                raise NotebookError(f"{where}: {spec.title} takes {spec.functions} "
+                                    f"function(s), the cell passes {len(fns)}")
 
 
 def _clean_outputs(outputs: list) -> list:
@@ -116,8 +146,22 @@ def normalize_solution(
     return out
 
 
+def _pass_line(cell: Any, where: str, title: str) -> str:
+    text = "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    match = SUMMARY_RE.fullmatch(text.strip())
+    if not match or match["status"] != "PASS" or match["passed"] != match["total"]:
+        raise NotebookError(f"{where}: the solution's check printed {text.strip()[:80]!r}, "
+                            "not its PASS line; run `labsim release` to execute it")
+    if match["title"] != title:
+        raise NotebookError(f"{where}: the cell calls the check {title!r} but printed "
+                            f"{match.group(0)!r}")
+    return match.group(0)
+
+
 def make_lab(solution: nbformat.NotebookNode, path: Path) -> nbformat.NotebookNode:
-    """The learner's notebook derived from a normalised solution notebook."""
+    """The learner's notebook derived from a normalised solution notebook (see the module
+    docstring: no outputs; each check cell's expected line in its metadata)."""
     lab = nbformat.v4.new_notebook()
     lab.metadata = copy.deepcopy(solution.metadata)
     for index, cell in enumerate(solution.cells):
@@ -125,12 +169,19 @@ def make_lab(solution: nbformat.NotebookNode, path: Path) -> nbformat.NotebookNo
             continue
         new = copy.deepcopy(cell)
         kind = nbk.role(cell)
+        where = f"{path}: {nbk.cell_label(index, cell)}"
+        meta: dict[str, Any] = {"role": kind}
         if kind == "exercise":
-            new.source = nbk.stub_out(cell.source, f"{path}: {nbk.cell_label(index, cell)}")
-        if cell.cell_type == "code" and kind != "check":
+            new.source = nbk.stub_out(cell.source, where)
+        elif kind == "check":
+            spec_path, fns = nbk.check_call(cell.source, where)
+            spec = resolve_check(spec_path, where)
+            meta.update(check=spec_path, functions=list(fns),
+                        expected=_pass_line(cell, where, spec.title))
+        if cell.cell_type == "code":
             new.outputs = []
             new.execution_count = None
-        new.metadata["labsim"] = {"role": kind}
+        new.metadata["labsim"] = meta
         lab.cells.append(new)
     return lab
 

@@ -1,29 +1,21 @@
-"""Run one notebook under nbval in a process of its own, with limits, for ``labsim grade``.
+"""Run one notebook under nbval in a sandbox of its own, with limits, for ``labsim grade``.
 
-Each run gets a fresh working folder and its own ``pytest --nbval-lax`` process, which starts
-its own kernel.  What confines it (Linux):
+Each run gets a fresh folder: ``in/`` (what the grader gives it: the graded notebook, the
+kernel spec and startup file, the checks' inputs), ``out/`` (what comes back) and a mount
+point for the learner's root.  ``labsim.course._jail`` (the run's first process) builds that
+root and runs nbval inside it; see its docstring for what it isolates.  The grader adds:
 
-- **time**: a per-cell limit (nbval interrupts the cell) and a whole-notebook limit (the
-  grader kills the run and everything it started);
-- **memory**: the kernel is launched through ``prlimit --as=BYTES`` (address-space limit:
-  an allocation beyond it raises ``MemoryError`` in the learner's code); the nbval process
-  gets the same limit plus a margin;
-- **network**: with ``unshare`` the run lives in new user, network, mount and PID namespaces:
-  only a loopback interface (brought up for the kernel's own sockets), so any connection to
-  another address fails with "Network is unreachable";
-- **files**: in that mount namespace the whole file system is read-only except the run's
-  working folder, so a notebook cannot change the release, the solutions or other
-  submissions; the notebook runs in a second, nested user namespace, where those mounts are
-  locked (its "root" cannot remount them writable);
-- **output**: what one cell prints is cut at 1 MB inside the kernel (``_kernel_guard``);
-- **processes**: when the run ends, the PID namespace ends with it, so nothing the notebook
-  started survives; without namespaces the grader kills the run's process tree.  Runs are
-  started through ``setpriv --pdeathsig KILL`` where available, so they die with the grader.
+- an unprivileged uid when it runs as root: the jail starts as root of the new namespaces,
+  the learner's processes as uid 65534 (``setpriv``) on the host;
+- a control group per run where the grader may create one (root, cgroup v1 or v2): the
+  run's total memory and number of processes, whatever it starts;
+- the whole-notebook deadline, enforced by the jail (and, with a margin, by killing it).
 
-Where ``unshare`` or ``prlimit`` is missing or not permitted (macOS, containers without user
-namespaces, Ubuntu's AppArmor restriction), the run still happens without that protection and
-``Sandbox.warnings`` says what is missing.  The sandbox bounds accidents and simple attacks;
-it is not a security boundary against a determined learner (see docs/instructors.md).
+``probe()`` says once which pieces this machine provides; every run records in its
+``jail.json`` what was applied and what was missing, and the CSV's ``sandbox`` column says it
+per submission.  Scores never depend on the sandbox: they come from the grader's own
+comparisons (``grade.py``); the sandbox protects the grader, its machine and the other
+learners.
 """
 
 from __future__ import annotations
@@ -41,11 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KERNEL_NAME = "labsim-grade"
-REPORT_FILE = "cells.jsonl"
 NOTEBOOK_FILE = "graded.ipynb"
-PYTEST_MARGIN_BYTES = 2 * 2**30
 GiB = 2**30
 POLL_S = 0.2
+DROP_UID = 65534  # "nobody": who the sandbox is on the host when the grader is root
+RUN_BYTES = 1 * GiB  # the run's writable tmpfs: work folder, home, outputs
+TMP_BYTES = 512 * 2**20
+SHM_BYTES = 512 * 2**20
+FILE_BYTES = 256 * 2**20  # largest file the notebook may write
+EXPORT_BYTES = 256 * 2**20
+PROCESSES = 256  # tasks (threads count) per run
+OPEN_FILES = 4096
+MEMORY_MARGIN_BYTES = 1 * GiB  # pytest, the launcher's workers: above the kernel's own limit
+JAIL_MARGIN_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,9 @@ class Limits:
     """Resource limits for one graded notebook.
 
     ``cell_s``: seconds one cell may run; ``notebook_s``: seconds for the whole run (kernel
-    start included); ``memory_bytes``: the kernel's address-space limit (virtual memory, so
-    leave room above the lab's peak RSS: importing torch alone maps ~0.6 GB).
+    start included); ``memory_bytes``: each process's address-space limit (virtual memory, so
+    leave room above the lab's peak RSS: importing torch alone maps ~0.6 GB) and, where a
+    control group is available, the run's total memory is this plus ``MEMORY_MARGIN_BYTES``.
     """
 
     cell_s: float = 120.0
@@ -62,13 +63,19 @@ class Limits:
     memory_bytes: int = 4 * GiB
 
     def __post_init__(self) -> None:
-        if not self.cell_s > 0:
-            raise ValueError(f"cell time limit must be > 0 s, got {self.cell_s}")
+        for name in ("cell_s", "notebook_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value > 0 and value < float("inf")):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         if not self.notebook_s >= self.cell_s:
             raise ValueError(
                 f"notebook time limit ({self.notebook_s} s) must be at least the cell time "
                 f"limit ({self.cell_s} s)"
             )
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int):
+            raise ValueError(f"memory limit must be a whole number of bytes, got "
+                             f"{self.memory_bytes!r}")
         if self.memory_bytes < 512 * 2**20:
             raise ValueError(
                 f"memory limit {self.memory_bytes} bytes is below 512 MiB; a Python kernel "
@@ -78,12 +85,16 @@ class Limits:
 
 @dataclass(frozen=True)
 class Sandbox:
-    """Which protections this machine allows; ``warnings`` names each one that is missing."""
+    """Which protections this machine allows; ``warnings`` names each one that is missing
+    (``missing`` is the same, short, for the CSV)."""
 
     namespaces: bool
     prlimit: bool
     warnings: tuple[str, ...] = ()
     pdeathsig: bool = False  # setpriv can make a run die with the grader
+    drop_uid: int | None = None  # the uid the sandbox runs as on the host (grader is root)
+    cgroup: str = ""  # "v1", "v2" or "" (none)
+    missing: tuple[str, ...] = ()
 
     @property
     def network_isolated(self) -> bool:
@@ -94,30 +105,49 @@ class Sandbox:
         return self.namespaces
 
 
-def _probe_namespaces() -> str | None:
+def setpriv_drop() -> list[str]:
+    """The command prefix that becomes the unprivileged ``DROP_UID`` (from root)."""
+    return ["setpriv", f"--reuid={DROP_UID}", f"--regid={DROP_UID}", "--clear-groups", "--"]
+
+
+def learner_prefix(drop: bool) -> list[str]:
+    """How the jail starts the learner's processes: (from root: as ``DROP_UID``, root of a
+    user namespace of its own;) no further user namespaces; uid 1000 of a nested user
+    namespace, without capabilities."""
+    inner = ('echo 1 > /proc/sys/user/max_user_namespaces && '
+             'exec unshare -U --map-user=1000 --map-group=1000 -- "$@"')
+    outer = [*setpriv_drop(), "unshare", "-U", "-r", "--"] if drop else []
+    return [*outer, "sh", "-c", inner, "sh"]
+
+
+def jail_prefix(drop: bool) -> list[str]:
+    """How the grader starts the jail: new mount, network and PID namespaces (and, when the
+    grader is not root, a user namespace whose root it is)."""
+    return ["unshare", "-mnpf" if drop else "-Urnmpf", "--kill-child"]
+
+
+def _probe_namespaces(drop: bool) -> str | None:
     """None when ``unshare`` can build the sandbox here, else the reason it cannot."""
     if not sys.platform.startswith("linux"):
         return f"unshare is Linux-only (this is {sys.platform})"
-    if shutil.which("unshare") is None:
-        return "the unshare command is not installed (util-linux)"
-    script = (
-        "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro /; "
-        + _lo_up_command()
-        + "; exec unshare -rm sh -c '! mount -o remount,bind,rw / 2>/dev/null && "
-        "touch \"$0/ok\" && ! touch /.labsim-probe 2>/dev/null' \"$1\""
-    )
-    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"labsim-probe-{os.getpid()}"
+    for tool in ("unshare", "mount", "pivot_root"):
+        if shutil.which(tool) is None:
+            return f"the {tool} command is not installed (util-linux)"
+    base = Path(os.environ.get("TMPDIR", "/tmp"))
+    probe = base / f"labsim-probe-{os.getpid()}-{threading.get_ident()}"
     probe.mkdir(exist_ok=True)
+    os.chmod(probe, 0o777)
+    script = ('set -e; d="$1"; shift; mount -t tmpfs -o size=1m tmpfs "$d"; '
+              'mount -t proc proc /proc; "$@" true; touch "$d/ok"; '
+              'cp "$d/ok" "$d/../$(basename "$d").ok"')
     try:
-        proc = subprocess.run(
-            ["unshare", "-rnmpf", "--kill-child", "sh", "-c", script, "sh", str(probe)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        if proc.returncode != 0 or not (probe / "ok").exists():
+        cmd = [*jail_prefix(drop), "sh", "-c", script, "sh", str(probe), *learner_prefix(drop)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        flag = base / f"{probe.name}.ok"
+        if proc.returncode != 0 or not flag.exists():
             detail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
             return f"unshare cannot create user/network/mount/PID namespaces here ({detail})"
+        flag.unlink()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare failed: {exc}"
     finally:
@@ -125,38 +155,56 @@ def _probe_namespaces() -> str | None:
     return None
 
 
-def _lo_up_command() -> str:
-    """Bring the namespace's loopback up: ``ip`` when installed, else Python's ioctl."""
-    if shutil.which("ip"):
-        return "ip link set lo up"
-    code = (
-        "import fcntl,socket,struct;s=socket.socket();"
-        "r=struct.pack('16sH14x',b'lo',0x1|0x8|0x40);"
-        "fcntl.ioctl(s.fileno(),0x8914,r)"
-    )
-    return f"{sys.executable} -c \"{code}\""
+def _probe_cgroup() -> str:
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return ""
+    v1 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")
+    if all(p.is_dir() and os.access(p, os.W_OK) for p in v1):
+        return "v1"
+    root = Path("/sys/fs/cgroup")
+    controllers = root / "cgroup.controllers"
+    if controllers.exists() and os.access(root, os.W_OK):
+        have = set(controllers.read_text().split())
+        if {"memory", "pids"} <= have:
+            return "v2"
+    return ""
 
 
 def probe() -> Sandbox:
     """Find out which protections work on this machine (takes ~0.1 s)."""
     warnings: list[str] = []
-    ns_problem = _probe_namespaces()
+    missing: list[str] = []
+    root = sys.platform.startswith("linux") and os.geteuid() == 0
+    drop = root and shutil.which("setpriv") is not None
+    ns_problem = _probe_namespaces(drop)
     if ns_problem:
         warnings.append(
-            f"no network or file-system isolation: {ns_problem}; submissions can reach the "
-            "network and write files this user can write"
+            f"no isolation: {ns_problem}; submissions can reach the network, read and write "
+            "files this user can, and see other processes"
         )
+        missing.append("no namespaces (network, files and processes not isolated)")
+    if root and not drop:
+        warnings.append("the grader runs as root and cannot drop to an unprivileged uid "
+                        "(setpriv missing)")
+        missing.append("runs as root")
     has_prlimit = sys.platform.startswith("linux") and shutil.which("prlimit") is not None
     if not has_prlimit:
         warnings.append(
-            "no memory limit: the prlimit command (util-linux) is not available; a notebook "
-            "can use all the memory of this machine"
+            "no per-process limits: the prlimit command (util-linux) is not available; a "
+            "notebook can use all the memory of this machine and start any number of processes"
         )
+        missing.append("no prlimit (memory, process and file-size limits)")
+    cgroup = _probe_cgroup()
+    if not cgroup:
+        missing.append("no control group (memory is limited per process, not per run)")
     return Sandbox(
         namespaces=ns_problem is None,
         prlimit=has_prlimit,
         warnings=tuple(warnings),
         pdeathsig=_has_pdeathsig(),
+        drop_uid=DROP_UID if drop else None,
+        cgroup=cgroup,
+        missing=tuple(missing),
     )
 
 
@@ -172,7 +220,8 @@ def _has_pdeathsig() -> bool:
 
 @dataclass
 class PortPool:
-    """Hands out five free TCP ports per run, never the same port twice in one grading."""
+    """Hands out five free TCP ports per run, never the same port twice in one grading (only
+    needed without network namespaces, where runs share the loopback)."""
 
     used: set[int] = field(default_factory=set)
 
@@ -193,74 +242,13 @@ class PortPool:
 
 
 @dataclass(frozen=True)
-class CellOutput:
-    """One output of a graded cell, as the run's recorder kept it: a ``"stream"`` (``name``,
-    ``text``), an ``"error"`` (``ename``, ``evalue``) or a ``"display"`` (``text``)."""
-
-    kind: str
-    name: str = ""
-    text: str = ""
-    ename: str = ""
-    evalue: str = ""
-
-    @classmethod
-    def from_json(cls, raw: object) -> CellOutput | None:
-        """Read one recorded output; anything malformed is dropped (None)."""
-        if not isinstance(raw, dict) or raw.get("type") not in ("stream", "error", "display"):
-            return None
-        fields = {k: raw.get(k, "") for k in ("name", "text", "ename", "evalue")}
-        return cls(raw["type"], **{k: v if isinstance(v, str) else str(v)
-                                   for k, v in fields.items()})
-
-
-@dataclass(frozen=True)
-class CellRecord:
-    """The recorder's line for one cell of a graded run: which ``phase`` of the pytest item
-    it is (``"call"``, or ``"setup"`` when the kernel could not start), the nbval
-    ``outcome``, the exception nbval raised (``error_kind``, ``message``), whether the kernel
-    was alive afterwards, and the cell's ``outputs``."""
-
-    cell: int
-    phase: str = "call"
-    outcome: str = ""
-    error_kind: str = ""
-    message: str = ""
-    timed_out: bool = False
-    kernel_alive: bool = True
-    duration_s: float = 0.0
-    outputs: tuple[CellOutput, ...] = ()
-
-    @classmethod
-    def from_json(cls, raw: object) -> CellRecord | None:
-        """Read one recorded line; a line without an integer ``cell`` is dropped (None)."""
-        if not isinstance(raw, dict) or not isinstance(raw.get("cell"), int):
-            return None
-        outputs = raw.get("outputs") if isinstance(raw.get("outputs"), list) else []
-        duration = raw.get("duration_s", 0.0)
-        return cls(
-            cell=raw["cell"], phase=str(raw.get("phase", "call")),
-            outcome=str(raw.get("outcome", "")), error_kind=str(raw.get("error_kind", "")),
-            message=str(raw.get("message", "")), timed_out=bool(raw.get("timed_out", False)),
-            kernel_alive=bool(raw.get("kernel_alive", False)),
-            duration_s=float(duration) if isinstance(duration, (int, float)) else 0.0,
-            outputs=tuple(o for o in map(CellOutput.from_json, outputs) if o is not None))
-
-    @property
-    def error(self) -> CellOutput | None:
-        """The cell's error output, if it raised."""
-        return next((o for o in self.outputs if o.kind == "error"), None)
-
-    @property
-    def stdout(self) -> str:
-        """Everything the cell printed to standard output."""
-        return "".join(o.text for o in self.outputs if o.kind == "stream" and o.name == "stdout")
-
-
-@dataclass(frozen=True)
 class RunRecord:
-    """What one sandboxed nbval run left behind."""
+    """What one sandboxed run left behind: nbval's per-cell records (raw JSON lines), the
+    jail's report, and the folder holding the exported files."""
 
-    cells: tuple[CellRecord, ...]
+    records: bytes
+    jail: dict
+    out_dir: Path
     returncode: int | None
     notebook_timed_out: bool
     wall_s: float
@@ -268,79 +256,230 @@ class RunRecord:
     cancelled: bool = False
 
 
-def _kernelspec(workdir: Path, limits: Limits, box: Sandbox) -> None:
+def package_dirs() -> list[str]:
+    """What the learner's root shows besides /usr: the Python installation, the virtual
+    environment and the labsim package (each once, outermost first)."""
+    import labsim
+
+    dirs = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
+                                          os.path.dirname(labsim.__file__))]
+    out: list[str] = []
+    for d in sorted(set(dirs), key=len):
+        if d.startswith("/usr/") or any(d == o or d.startswith(o + os.sep) for o in out):
+            continue
+        out.append(d)
+    return out
+
+
+def _kernelspec(folder: Path, limits: Limits, box: Sandbox) -> None:
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     if box.prlimit:
         argv = ["prlimit", f"--as={limits.memory_bytes}", "--", *argv]
     spec = {"argv": argv, "display_name": "labsim grade", "language": "python"}
-    folder = workdir / "jupyter" / "kernels" / KERNEL_NAME
-    folder.mkdir(parents=True)
-    (folder / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    target = folder / "jupyter" / "kernels" / KERNEL_NAME
+    target.mkdir(parents=True)
+    (target / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
 
 
-def _environment(workdir: Path, ports: list[int], threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    for key in [k for k in env if k.startswith(("JUPYTER_", "IPYTHON", "PYTEST_"))]:
-        del env[key]
-    home = workdir / "home"
-    tmp = workdir / "tmp"
-    startup = home / ".ipython" / "profile_default" / "startup"
-    for d in (home, tmp, startup):
-        d.mkdir(parents=True, exist_ok=True)
-    (startup / "00-labsim-grade.py").write_text(
-        "from labsim.course._kernel_guard import install\ninstall()\n", encoding="utf-8"
-    )
-    env.update(
-        HOME=str(home),
-        TMPDIR=str(tmp),
-        JUPYTER_PATH=str(workdir / "jupyter"),
-        JUPYTER_CONFIG_DIR=str(workdir / "jupyter" / "config"),
-        JUPYTER_DATA_DIR=str(workdir / "jupyter" / "data"),
-        JUPYTER_RUNTIME_DIR=str(workdir / "jupyter" / "runtime"),
-        IPYTHONDIR=str(home / ".ipython"),
-        MPLCONFIGDIR=str(home / ".matplotlib"),
-        MPLBACKEND="Agg",
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONHASHSEED="0",
-        MALLOC_ARENA_MAX="2",
-        LABSIM_GRADE_REPORT=str(workdir / REPORT_FILE),
-        LABSIM_GRADE_PORTS=",".join(str(p) for p in ports),
-        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-    )
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, str(threads))
+STARTUP = """\
+from labsim.course._kernel_guard import install as _labsim_guard
+_labsim_guard()
+del _labsim_guard
+try:
+    from labsim.checks._collect import install as _labsim_collect
+    _labsim_collect(get_ipython())
+    del _labsim_collect
+except Exception:
+    pass
+"""
+
+
+def _environment(limits: Limits, threads: int, ports: list[int], isolated: bool
+                 ) -> dict[str, str]:
+    """The allow-listed environment of the run ({folder} is the run folder as the run sees
+    it); nothing else of the grader's environment goes in."""
+    import labsim
+
+    home = "{folder}/home"
+    env = {
+        "PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin",
+                                 "/bin"]),
+        "HOME": home, "TMPDIR": "/tmp" if isolated else "{folder}/tmp",
+        "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(labsim.__file__))),
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MALLOC_ARENA_MAX": "2",
+        "MPLBACKEND": "Agg", "MPLCONFIGDIR": f"{home}/.matplotlib",
+        "JUPYTER_PATH": "{folder}/in/jupyter", "JUPYTER_CONFIG_DIR": f"{home}/.jupyter",
+        "JUPYTER_DATA_DIR": f"{home}/.local/share/jupyter",
+        "JUPYTER_RUNTIME_DIR": f"{home}/.local/share/jupyter/runtime",
+        "IPYTHONDIR": f"{home}/.ipython", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+        "LABSIM_GRADE_DIR": "{folder}",
+    }
+    if not isolated:
+        env["LABSIM_GRADE_PORTS"] = ",".join(str(p) for p in ports)
     return env
 
 
-def _pytest_argv(workdir: Path, limits: Limits) -> list[str]:
+def _pytest_argv(limits: Limits) -> list[str]:
     return [
-        sys.executable, "-m", "pytest", str(workdir / NOTEBOOK_FILE),
+        sys.executable, "-m", "pytest", "{folder}/work/" + NOTEBOOK_FILE,
         "--nbval-lax", f"--nbval-cell-timeout={limits.cell_s}",
         f"--nbval-kernel-name={KERNEL_NAME}", "--nbval-kernel-startup-timeout=60",
         "-p", "labsim.course._nbval_report", "-p", "nbval.plugin", "-p", "no:cacheprovider",
-        "-q", "--no-header", "-rN", "--color=no", "--rootdir", str(workdir),
+        "-q", "--no-header", "-rN", "--color=no", "--rootdir", "{folder}/work",
         "-o", "addopts=", "-o", "filterwarnings=ignore",
     ]
 
 
-def _command(workdir: Path, limits: Limits, box: Sandbox) -> list[str]:
-    argv = _pytest_argv(workdir, limits)
-    if box.prlimit:
-        argv = ["prlimit", f"--as={limits.memory_bytes + PYTEST_MARGIN_BYTES}", "--", *argv]
-    # if the grader itself is killed, the run dies with it (with namespaces: all of it)
-    death = ["setpriv", "--pdeathsig", "KILL"] if box.pdeathsig else []
-    if not box.namespaces:
-        return [*death, *argv]
-    # The read-only remount is made inside the first user namespace, whose root could undo
-    # it; the second user namespace (``unshare -rm``) locks the mounts it inherits, so the
-    # notebook's "root" can neither remount them writable nor unmount the working folder.
-    script = (
-        "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro /; "
-        + _lo_up_command()
-        + '; shift; exec unshare -rm "$@"'
+class _Cgroup:
+    """One control group for a run (memory and process count), or nothing."""
+
+    def __init__(self, kind: str, name: str, memory_bytes: int) -> None:
+        self.kind, self.dirs = kind, []
+        if kind == "v1":
+            self.dirs = [Path("/sys/fs/cgroup/memory") / name, Path("/sys/fs/cgroup/pids") / name]
+        elif kind == "v2":
+            self.dirs = [Path("/sys/fs/cgroup") / name]
+        self.ok = False
+        try:
+            for d in self.dirs:
+                d.mkdir()
+            if kind == "v1":
+                (self.dirs[0] / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                (self.dirs[1] / "pids.max").write_text(str(PROCESSES))
+            elif kind == "v2":
+                (self.dirs[0] / "memory.max").write_text(str(memory_bytes))
+                (self.dirs[0] / "pids.max").write_text(str(PROCESSES))
+            self.ok = bool(self.dirs)
+        except OSError:
+            self.close()
+
+    def wrapper(self) -> list[str]:
+        if not self.ok:
+            return []
+        joins = "; ".join(f'echo $$ > "{d}/cgroup.procs"' for d in self.dirs)
+        return ["sh", "-c", f'{joins}; exec "$@"', "sh"]
+
+    def close(self) -> None:
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # processes still leaving
+                    time.sleep(0.05)
+        self.ok = False
+
+
+def prepare(folder: Path, notebook_text: str, files: dict[str, bytes], limits: Limits,
+            box: Sandbox) -> None:
+    """Fill ``folder/in`` with what the run needs (the folder must be empty)."""
+    infolder, out = folder / "in", folder / "out"
+    folder.mkdir(parents=True, exist_ok=True)
+    infolder.mkdir()
+    out.mkdir()
+    (folder / "root").mkdir()
+    (infolder / NOTEBOOK_FILE).write_text(notebook_text, encoding="utf-8")
+    (infolder / "startup.py").write_text(STARTUP, encoding="utf-8")
+    for name, data in files.items():
+        (infolder / name).write_bytes(data)
+    _kernelspec(infolder, limits, box)
+    # the learner's processes (another uid) read what the grader gives them, nothing else
+    os.chmod(infolder, 0o755)
+    for dirpath, dirnames, filenames in os.walk(infolder):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), 0o755)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+
+
+def run_notebook(
+    notebook_text: str,
+    folder: Path,
+    limits: Limits,
+    box: Sandbox,
+    ports: list[int],
+    threads: int = 1,
+    cancel: threading.Event | None = None,
+    files: dict[str, bytes] | None = None,
+    exports: tuple[str, ...] = (),
+) -> RunRecord:
+    """Run ``notebook_text`` under nbval in ``folder`` (which must be empty); ``files`` go to
+    the run's ``in/`` folder, the files named in ``exports`` come back from its ``out/``.
+    Never raises for anything the notebook does.  Setting ``cancel`` stops the run (and
+    everything it started) within a fraction of a second."""
+    folder = Path(folder)
+    prepare(folder, notebook_text, files or {}, limits, box)
+    cgroup = _Cgroup(box.cgroup, f"labsim-{os.getpid()}-{folder.parent.name}-{folder.name}",
+                     limits.memory_bytes + MEMORY_MARGIN_BYTES)
+    missing = list(box.missing)
+    if box.cgroup and not cgroup.ok:
+        missing.append("the control group could not be created")
+    rlimits = {"as": limits.memory_bytes + MEMORY_MARGIN_BYTES, "nproc": PROCESSES,
+               "fsize": FILE_BYTES, "nofile": OPEN_FILES, "core": 0}
+    config = {
+        "isolate": box.namespaces, "root": str(folder / "root"), "in": str(folder / "in"),
+        "out": str(folder / "out"), "folder": str(folder), "binds": package_dirs(),
+        "run_bytes": RUN_BYTES, "tmp_bytes": TMP_BYTES, "shm_bytes": SHM_BYTES,
+        "rlimits": rlimits, "prlimit": box.prlimit,
+        "env": _environment(limits, threads, ports, box.namespaces),
+        "argv": _pytest_argv(limits), "notebook_s": limits.notebook_s,
+        "exports": list(exports), "export_bytes": EXPORT_BYTES, "missing": missing,
+        "learner": learner_prefix(box.drop_uid is not None) if box.namespaces else [],
+        "owner": box.drop_uid if box.namespaces else None,
+    }
+    (folder / "jail.json").write_text(json.dumps(config), encoding="utf-8")
+    jail = [sys.executable, "-m", "labsim.course._jail", str(folder / "jail.json")]
+    cmd = jail
+    if box.namespaces:
+        cmd = [*jail_prefix(box.drop_uid is not None), *jail]
+    if box.pdeathsig:
+        cmd = ["setpriv", "--pdeathsig", "KILL", "--", *cmd]
+    cmd = [*cgroup.wrapper(), *cmd]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+           "PYTHONPATH": _environment(limits, threads, ports, True)["PYTHONPATH"]}
+    start = time.monotonic()
+    timed_out = cancelled = False
+    log_path = folder / "jail.log"
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() - start > limits.notebook_s + JAIL_MARGIN_S:
+                        timed_out = True
+                        break
+                    if cancel is not None and cancel.is_set():
+                        cancelled = True
+                        break
+                    try:
+                        proc.wait(timeout=POLL_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:
+                if proc.poll() is None:
+                    _kill_tree(proc)
+                proc.wait()
+    finally:
+        cgroup.close()
+    out = folder / "out"
+    report = _read_json(out / "jail.json")
+    timed_out = timed_out or bool(report.get("timed_out"))
+    return RunRecord(
+        records=_read_bytes(out / "records.jsonl", 8 * 2**20),
+        jail=report,
+        out_dir=out,
+        returncode=None if timed_out else report.get("returncode", proc.returncode),
+        notebook_timed_out=timed_out,
+        wall_s=time.monotonic() - start,
+        log_tail=_tail(out / "pytest.log") or _tail(log_path),
+        cancelled=cancelled,
     )
-    return [*death, "unshare", "-rnmpf", "--kill-child", "sh", "-c", script, "sh", str(workdir),
-            *argv]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -374,82 +513,30 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_notebook(
-    notebook_text: str,
-    workdir: Path,
-    limits: Limits,
-    box: Sandbox,
-    ports: list[int],
-    threads: int = 1,
-    cancel: threading.Event | None = None,
-) -> RunRecord:
-    """Run ``notebook_text`` under nbval in ``workdir`` (which must be empty) and read back
-    the per-cell record.  Never raises for anything the notebook does.  Setting ``cancel``
-    stops the run (and everything it started) within a fraction of a second."""
-    workdir = Path(workdir)
-    (workdir / NOTEBOOK_FILE).write_text(notebook_text, encoding="utf-8")
-    _kernelspec(workdir, limits, box)
-    env = _environment(workdir, ports, threads)
-    log_path = workdir / "pytest.log"
-    start = time.monotonic()
-    timed_out = cancelled = False
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            _command(workdir, limits, box),
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - start > limits.notebook_s:
-                    timed_out = True
-                    break
-                if cancel is not None and cancel.is_set():
-                    cancelled = True
-                    break
-                try:
-                    proc.wait(timeout=POLL_S)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:  # still ours (not reaped): stop it and all it started
-                _kill_tree(proc)
-            proc.wait()
-    wall_s = time.monotonic() - start
-    return RunRecord(
-        cells=tuple(_read_cells(workdir / REPORT_FILE)),
-        returncode=None if timed_out else proc.returncode,
-        notebook_timed_out=timed_out,
-        wall_s=wall_s,
-        log_tail=_tail(log_path),
-        cancelled=cancelled,
-    )
+def _read_bytes(path: Path, limit: int) -> bytes:
+    """At most ``limit`` bytes of the regular file ``path`` (never a link), or b""."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        import stat as st
+
+        if not st.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
-def _read_cells(path: Path) -> list[CellRecord]:
-    cells: list[CellRecord] = []
-    if not path.exists():
-        return cells
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                break  # a line cut short by a kill
-            cell = CellRecord.from_json(record)
-            if cell is not None:
-                cells.append(cell)
-    return cells
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(_read_bytes(path, 1 << 20) or b"{}")
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _tail(path: Path, nbytes: int = 4000) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, path.stat().st_size - nbytes))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    data = _read_bytes(path, EXPORT_BYTES)
+    return data[-nbytes:].decode("utf-8", "replace")

@@ -14,6 +14,14 @@ are not ATen operators; ``compiled_regions`` counts those regions.
 ``peak_bytes`` measures the most memory a call held at once above what was allocated before
 it, on any device: on CUDA from the caching allocator's peak statistic, on a CPU from the
 profiler's record of every allocation and free (``profile_memory=True``), replayed in order.
+
+``OpLog`` is what the checks watch a learner's function with: a ``TorchDispatchMode``, so it
+sees every ATen and ``c10d`` (``torch.distributed``) operator at the dispatcher, below
+``__torch_function__`` -- code run under ``torch._C.DisableTorchFunction()`` or calling a
+``ProcessGroup`` directly is seen too.  It records which operators ran, the largest tensor an
+operator *created* (views and in-place results are not new tensors), the dtypes of created
+floating-point tensors and of matmul operands, and every collective or point-to-point message
+with its bytes and whether autograd's backward was running.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ import math
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from labsim.precision import DTYPE_BYTES
 
@@ -259,3 +269,111 @@ def peak_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
         held += nbytes
         peak = max(peak, held)
     return int(peak)
+
+
+TOP_CREATED = 16  # how many of the largest created tensors an OpLog remembers
+MATMUL_OPS = frozenset({
+    "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::addbmm", "aten::mv",
+    "aten::addmv", "aten::dot", "aten::vdot", "aten::_int_mm", "aten::matmul", "aten::linear",
+})
+
+
+@dataclass(frozen=True)
+class Message:
+    """One ``c10d`` operator call: its name (``"c10d::send"``), the bytes of the tensors it
+    writes or sends (its first argument) and of its input list (reduce-scatter's input), and
+    whether it was issued while autograd's backward pass was running."""
+
+    op: str
+    nbytes: int
+    in_nbytes: int
+    in_backward: bool
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+class OpLog(TorchDispatchMode):
+    """Record every operator a block of code dispatches (see the module docstring).
+
+    ``keep_created=True`` also remembers a weak reference to the storage of every tensor an
+    operator created, with its bytes, so a check can ask later which of them are still alive
+    (the state a function holds) -- ``held_bytes()``.
+    """
+
+    def __init__(self, keep_created: bool = False) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.largest_new = 0
+        self.biggest: list[int] = []  # the TOP_CREATED largest created numels, descending
+        self.float_dtypes: set[str] = set()
+        self.matmul_dtypes: set[str] = set()
+        self.messages: list[Message] = []
+        self.created: list[tuple[Any, int]] | None = [] if keep_created else None
+        self._fresh: dict[Any, tuple[bool, ...]] = {}
+
+    def _returns_fresh(self, func: Any) -> tuple[bool, ...]:
+        fresh = self._fresh.get(func)
+        if fresh is None:
+            fresh = tuple(r.alias_info is None for r in func._schema.returns)
+            self._fresh[func] = fresh
+        return fresh
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._schema.name
+        self.counts[name] += 1
+        if name.startswith("c10d::"):
+            second = args[1] if len(args) > 1 else None
+            self.messages.append(Message(name, _nbytes(args[0]) if args else 0,
+                                         _nbytes(second),
+                                         torch._C._current_graph_task_id() != -1))
+            return out
+        if name in MATMUL_OPS:
+            self.matmul_dtypes.update(str(t.dtype).replace("torch.", "")
+                                      for t in _tensors(args))
+        results = out if isinstance(out, (list, tuple)) else (out,)
+        for fresh, result in zip(self._returns_fresh(func), results):
+            if not fresh:
+                continue
+            for t in _tensors(result):
+                self.largest_new = max(self.largest_new, t.numel())
+                if len(self.biggest) < TOP_CREATED or t.numel() > self.biggest[-1]:
+                    self.biggest = sorted([*self.biggest, t.numel()], reverse=True)[
+                        :TOP_CREATED]
+                if t.is_floating_point():
+                    self.float_dtypes.add(str(t.dtype).replace("torch.", ""))
+                if self.created is not None and t.numel():
+                    storage = t.untyped_storage()
+                    self.created.append((StorageWeakRef(storage), storage.nbytes()))
+        return out
+
+    def held_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:
+        """Bytes of the created storages still alive, each once, leaving out the storages of
+        ``exclude`` (parameters, say)."""
+        if self.created is None:
+            raise ValueError("OpLog(keep_created=True) is needed to ask what is held")
+        skip = {StorageWeakRef(t.untyped_storage()) for t in exclude}
+        alive = {ref: n for ref, n in self.created if not ref.expired() and ref not in skip}
+        return sum(alive.values())
+
+    def summary(self) -> dict[str, Any]:
+        """What was seen, as plain data (names, counts, sizes)."""
+        return {
+            "ops": dict(self.counts),
+            "largest_new": self.largest_new,
+            "largest_created": list(self.biggest),
+            "float_dtypes": sorted(self.float_dtypes),
+            "matmul_dtypes": sorted(self.matmul_dtypes),
+            "messages": [[m.op, m.nbytes, m.in_nbytes, m.in_backward] for m in self.messages],
+        }

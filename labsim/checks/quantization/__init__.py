@@ -2,19 +2,66 @@
 observers, the int32-accumulating matmul, the int8 linear layer and post-training quantization.
 
 Every check compares the learner's function with the reference (``reference``, beside this
-file) on small, seeded cases, exact integers where the answer is an integer.
+file) on small, seeded cases, exact integers where the answer is an integer.  The learner's
+code must not call the reference (only the module shell ``Int8Linear`` is given), nor
+PyTorch's own quantization kernels; the integer exercises must do integer arithmetic: the
+recorder sees every matmul's operand dtypes and every floating-point tensor created.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from labsim.checks._core import Case, close, raises, run_check
+from labsim.checks._core import Case, Outcome, Spec, call_each, close, raises
+from labsim.checks._observe import passed_references
 from labsim.checks.quantization import reference as ref
+
+_R = "labsim.checks.quantization.reference"
+_SHELLS = ("Int8Linear",)
+_GIVEN_OBSERVERS = ("MinMaxObserver", "PercentileObserver")
+REFERENCES = tuple(f"{_R}:{n}" for n in (
+    "affine_qparams", "quantize", "dequantize", "MinMaxObserver", "PercentileObserver",
+    "int8_matmul", "int8_linear", "quantize_weight", "quantize_model", "model_nbytes"))
+_TORCH_OBS = "torch.ao.quantization.observer"
+FORBID = (*REFERENCES, *(f"{_TORCH_OBS}:{n}" for n in (
+    "MinMaxObserver", "PerChannelMinMaxObserver", "MovingAverageMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver", "HistogramObserver",
+    "UniformQuantizationObserverBase")), "torch.ao.quantization.quantize:quantize_dynamic")
+FORBID_MODEL = tuple(t for t in FORBID if t.rsplit(":", 1)[-1] not in _GIVEN_OBSERVERS)
+TORCH_QUANT_OPS = ("quantize_per", "dequantize", "fake_quantize", "_make_per",
+                   "quantized::", "choose_qparams", "int_repr")
+FLOATS = {"float16", "bfloat16", "float32", "float64"}
+
+
+def _no_torch_quantization(case: Case, out: Outcome) -> str | None:
+    used = sorted(n for n in out.observed.get("ops", {}) if any(q in n for q in TORCH_QUANT_OPS))
+    if used:
+        return f"it uses PyTorch's quantization kernels ({', '.join(used)[:120]})"
+    return None
+
+
+def _integer_only(case: Case, out: Outcome) -> str | None:
+    """No floating point anywhere: no matmul on floats, no float tensor created."""
+    mm = sorted(set(out.observed.get("matmul_dtypes", [])) & FLOATS)
+    made = sorted(set(out.observed.get("float_dtypes", [])))
+    if mm or made:
+        return (f"it computes in floating point ({', '.join(mm + made)}); an int8 matmul "
+                "multiplies integer codes with int32 accumulation")
+    return None
+
+
+def _integer_matmul(case: Case, out: Outcome) -> str | None:
+    """The matmul of the int8 layer multiplies integer codes (rescaling in float is fine)."""
+    mm = sorted(set(out.observed.get("matmul_dtypes", [])) & FLOATS)
+    if mm:
+        return (f"its matmul multiplies {', '.join(mm)} values; quantize x and multiply the "
+                "int8 codes with int32 accumulation (your int8_matmul)")
+    return None
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -39,8 +86,7 @@ def _exact(dtype: torch.dtype) -> Callable[[Any, Any], str | None]:
     return compare
 
 
-def affine_qparams(fn: Callable[..., Any]) -> None:
-    """``fn(lo, hi, symmetric) -> (scale, zero_point)``, per tensor and per channel."""
+def _affine_qparams_cases() -> list[Case]:
     t = torch.tensor
     inputs = [
         ("asymmetric range around 0", t(-1.0), t(3.0), False),
@@ -55,83 +101,90 @@ def affine_qparams(fn: Callable[..., Any]) -> None:
     for name, lo, hi, sym in inputs:
         scale, zp = ref.affine_qparams(lo, hi, sym)
         cases.append(Case(name, (lo, hi, sym), expected=(scale, zp.to(torch.float32))))
+    return cases
 
+
+def _as_qparams(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapped(lo: torch.Tensor, hi: torch.Tensor, sym: bool) -> Any:
         scale, zp = fn(lo, hi, sym)
         return torch.as_tensor(scale), torch.as_tensor(zp).to(torch.float32)
 
-    run_check("affine_qparams", wrapped, cases, compare=close(rtol=1e-6, atol=0.0))
+    return wrapped
 
 
-def quantize_dequantize(quantize: Callable[..., Any], dequantize: Callable[..., Any]) -> None:
-    """Exact codes on tiny tensors, round-trip error bounds, per-channel axes, an outlier row."""
+affine_qparams = Spec("affine_qparams", _affine_qparams_cases,
+                      drive=lambda fns, cases, spec: call_each([_as_qparams(fns[0])], cases,
+                                                               spec),
+                      compare=close(rtol=1e-6, atol=0.0), rules=(_no_torch_quantization,),
+                      forbid=FORBID)
+"""``fn(lo, hi, symmetric) -> (scale, zero_point)``, per tensor and per channel."""
+
+
+def _half_step(x: torch.Tensor, scale: torch.Tensor) -> Callable[[Any, Any], str | None]:
+    def compare(got: Any, expected: Any) -> str | None:
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            return "expected the reconstructed tensor, shaped like x"
+        err = float((got.double() - x.double()).abs().max())
+        bound = float(scale) / 2 * (1 + 1e-5)
+        return None if err <= bound else f"round-trip error {err:.4g} > scale / 2 = {bound:.4g}"
+
+    return compare
+
+
+def _roundtrip_case(name: str, w: torch.Tensor, axis: int | None) -> Case:
+    obs = ref.MinMaxObserver(axis=axis)
+    obs.observe(w)
+    s, z = ref.affine_qparams(*obs.range(), symmetric=True)
+    expected = ref.dequantize(ref.quantize(w, s, z, axis), s, z, axis)
+    return Case(name, ("roundtrip", w, s, z, axis), expected=expected,
+                compare=close(rtol=1e-6, atol=1e-7))
+
+
+def _quantize_dequantize_cases() -> list[Case]:
     t = torch.tensor
     cases = [
-        Case(
-            "tiny tensor, scale 0.5, zero point 3 (round half to even, clamp at both ends)",
-            ("codes", t([0.0, 0.25, 0.75, -1.0, 100.0, -100.0]), t(0.5), t(3), None),
-            expected=t([3, 3, 5, 1, 127, -128], dtype=torch.int8),
-            compare=_exact(torch.int8),
-        ),
-        Case(
-            "per channel along axis 0",
-            ("codes", t([[1.0, -1.0], [1.0, -1.0]]), t([0.1, 1.0]), t([0, 10]), 0),
-            expected=t([[10, -10], [11, 9]], dtype=torch.int8),
-            compare=_exact(torch.int8),
-        ),
-        Case(
-            "per channel along axis 1",
-            ("codes", t([[1.0, 1.0], [-1.0, -1.0]]), t([0.1, 1.0]), t([0, -5]), 1),
-            expected=t([[10, -4], [-10, -6]], dtype=torch.int8),
-            compare=_exact(torch.int8),
-        ),
-        Case(
-            "dequantize: (q - zero_point) * scale as float32",
-            ("values", t([-128, 0, 3, 127], dtype=torch.int8), t(0.5), t(3), None),
-            expected=t([-65.5, -1.5, 0.0, 62.0]),
-            compare=close(rtol=0, atol=0),
-        ),
+        Case("tiny tensor, scale 0.5, zero point 3 (round half to even, clamp at both ends)",
+             ("codes", t([0.0, 0.25, 0.75, -1.0, 100.0, -100.0]), t(0.5), t(3), None),
+             expected=t([3, 3, 5, 1, 127, -128], dtype=torch.int8), compare=_exact(torch.int8)),
+        Case("per channel along axis 0",
+             ("codes", t([[1.0, -1.0], [1.0, -1.0]]), t([0.1, 1.0]), t([0, 10]), 0),
+             expected=t([[10, -10], [11, 9]], dtype=torch.int8), compare=_exact(torch.int8)),
+        Case("per channel along axis 1",
+             ("codes", t([[1.0, 1.0], [-1.0, -1.0]]), t([0.1, 1.0]), t([0, -5]), 1),
+             expected=t([[10, -4], [-10, -6]], dtype=torch.int8), compare=_exact(torch.int8)),
+        Case("dequantize: (q - zero_point) * scale as float32",
+             ("values", t([-128, 0, 3, 127], dtype=torch.int8), t(0.5), t(3), None),
+             expected=t([-65.5, -1.5, 0.0, 62.0]), compare=close(rtol=0, atol=0)),
     ]
     x = torch.randn(1000, generator=_gen(1)) * 3
     scale, zp = ref.affine_qparams(x.min(), x.max())
-    cases.append(
-        Case(
-            "round trip inside the range: error <= scale / 2",
-            ("max_error_over_half_step", x, scale, zp, None),
-            expected=True,
-        )
-    )
+    cases.append(Case("round trip inside the range: error <= scale / 2",
+                      ("roundtrip", x, scale, zp, None), expected=x,
+                      compare=_half_step(x, scale)))
     w = torch.randn(8, 64, generator=_gen(2)) * 0.05
-    w[3] *= 100.0  # one outlier output channel
-    cases.append(
-        Case(
-            "weight with one outlier channel: per-channel error < per-tensor error",
-            ("per_channel_wins", w, None, None, None),
-            expected=True,
-        )
-    )
+    w[3] *= 100.0  # one outlier output channel: per tensor, every other row loses precision
+    cases.append(_roundtrip_case("weight with one outlier channel, per tensor", w, None))
+    cases.append(_roundtrip_case("the same weight per channel (axis 0)", w, 0))
+    return cases
+
+
+def _drive_qdq(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+               ) -> list[Outcome]:
+    quantize, dequantize = fns
 
     def run(kind: str, x: torch.Tensor, scale: Any, zp: Any, axis: int | None) -> Any:
         if kind == "codes":
             return quantize(x, scale, zp, axis)
         if kind == "values":
             return dequantize(x, scale, zp, axis)
-        if kind == "max_error_over_half_step":
-            err = (dequantize(quantize(x, scale, zp, None), scale, zp, None) - x).abs().max()
-            return bool(err <= scale / 2 * (1 + 1e-5))
-        errors = []
-        for axis_ in (None, 0):
-            obs = ref.MinMaxObserver(axis=axis_)
-            obs.observe(x)
-            s, z = ref.affine_qparams(*obs.range(), symmetric=True)
-            back = dequantize(quantize(x, s, z, axis_), s, z, axis_)
-            expect = ref.dequantize(ref.quantize(x, s, z, axis_), s, z, axis_)
-            if not torch.allclose(back, expect, rtol=1e-6, atol=1e-7):
-                return f"axis={axis_}: values differ from the reference"
-            errors.append(float(((back - x) ** 2).mean()))
-        return errors[1] < errors[0]
+        return dequantize(quantize(x, scale, zp, axis), scale, zp, axis)
 
-    run_check("quantize_dequantize", run, cases)
+    return call_each([run], cases, spec)
+
+
+quantize_dequantize = Spec("quantize_dequantize", _quantize_dequantize_cases, drive=_drive_qdq,
+                           rules=(_no_torch_quantization,), forbid=FORBID, functions=2)
+"""Exact codes on tiny tensors, round-trip error bounds, per-channel axes, an outlier row."""
 
 
 def _observe(cls: Callable[..., Any], kwargs: dict, batches: list[torch.Tensor]) -> Any:
@@ -142,83 +195,83 @@ def _observe(cls: Callable[..., Any], kwargs: dict, batches: list[torch.Tensor])
     return torch.as_tensor(lo, dtype=torch.float32), torch.as_tensor(hi, dtype=torch.float32)
 
 
-def minmax_observer(cls: Callable[..., Any]) -> None:
-    """``cls(axis=None)`` with ``observe(x)`` and ``range() -> (lo, hi)``."""
+def _drive_observer(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                    ) -> list[Outcome]:
+    cls = fns[0]
+    return call_each([lambda *a: _observe(cls, *a[-2:])], cases, spec)
+
+
+def _minmax_observer_cases() -> list[Case]:
     g = _gen(3)
     batches = [torch.randn(16, 4, generator=g) * (i + 1) for i in range(3)]
     inputs = [
         ("one batch, per tensor", {}, batches[:1]),
         ("running min/max over three batches", {}, batches),
-        ("per channel along axis 0", {"axis": 0}, [b.T for b in batches]),
+        ("per channel along axis 0", {"axis": 0}, [b.T.contiguous() for b in batches]),
         ("per channel along axis 1", {"axis": 1}, batches),
         ("negative-only data", {}, [-batches[0].abs() - 1]),
         ("a 3-D activation, per channel on the last axis", {"axis": -1},
          [torch.randn(2, 5, 3, generator=g)]),
     ]
-    cases = [
-        Case(name, (kw, bs), expected=_observe(ref.MinMaxObserver, kw, bs))
-        for name, kw, bs in inputs
-    ]
-    cases.append(
-        Case("range() before any observe() raises ValueError", ({}, []), compare=raises(ValueError))
-    )
-    run_check("minmax_observer", lambda kw, bs: _observe(cls, kw, bs), cases, compare=close(0, 0))
+    cases = [Case(name, (kw, bs), expected=_observe(ref.MinMaxObserver, kw, bs))
+             for name, kw, bs in inputs]
+    cases.append(Case("range() before any observe() raises ValueError", ({}, []),
+                      compare=raises(ValueError)))
+    return cases
 
 
-def percentile_observer(cls: Callable[..., Any]) -> None:
-    """``cls(percentile)``: the (100 - p)th and pth percentiles of everything observed."""
-    g = _gen(4)
-    normal = torch.randn(20_000, generator=g)
-    spiky = normal.clone()
+minmax_observer = Spec("minmax_observer", _minmax_observer_cases, drive=_drive_observer,
+                       compare=close(0, 0), rules=(_no_torch_quantization,), forbid=FORBID)
+"""``cls(axis=None)`` with ``observe(x)`` and ``range() -> (lo, hi)``."""
+
+
+def _spiky() -> torch.Tensor:
+    spiky = torch.randn(20_000, generator=_gen(4))
     spiky[::2000] = 50.0  # ten rare spikes, like an activation outlier
+    return spiky
+
+
+def clipped_fraction(lo: torch.Tensor, hi: torch.Tensor) -> float:
+    """The fraction of the calibration values that quantization with range (lo, hi) clips
+    (reconstructed more than half a step away)."""
+    spiky = _spiky()
+    scale, zp = ref.affine_qparams(lo, hi)
+    back = ref.dequantize(ref.quantize(spiky, scale, zp), scale, zp)
+    return float(((back - spiky).abs() > scale / 2 * (1 + 1e-4)).float().mean())
+
+
+def _clipped_compare(got: Any, expected: Any) -> str | None:
+    if not isinstance(got, tuple) or len(got) != 2:
+        return "range() must return (lo, hi)"
+    return close(rtol=1e-5, atol=1e-6)(clipped_fraction(*got), expected)
+
+
+def _percentile_observer_cases() -> list[Case]:
+    spiky = _spiky()
     batches = list(spiky.reshape(4, 50, 100))
-    cases = [
-        Case(
-            f"percentile {p} of four batches",
-            ("range", {"percentile": p}, batches),
-            expected=_observe(ref.PercentileObserver, {"percentile": p}, batches),
-        )
-        for p in (99.0, 99.99)
-    ]
-    cases.append(
-        Case(
-            "percentile 100 is the min/max range",
-            ("range", {"percentile": 100.0}, batches),
-            expected=(spiky.min(), spiky.max()),
-        )
-    )
-    def clipped_fraction(lo: torch.Tensor, hi: torch.Tensor) -> float:
-        # a value is clipped when its reconstruction is more than half a step away
-        scale, zp = ref.affine_qparams(lo, hi)
-        back = ref.dequantize(ref.quantize(spiky, scale, zp), scale, zp)
-        return float(((back - spiky).abs() > scale / 2 * (1 + 1e-4)).float().mean())
-
+    cases = [Case(f"percentile {p} of four batches", ("range", {"percentile": p}, batches),
+                  expected=_observe(ref.PercentileObserver, {"percentile": p}, batches))
+             for p in (99.0, 99.99)]
+    cases.append(Case("percentile 100 is the min/max range",
+                      ("range", {"percentile": 100.0}, batches),
+                      expected=(spiky.min(), spiky.max())))
     for p in (99.9, 100.0):
-        clipped = clipped_fraction(*_observe(ref.PercentileObserver, {"percentile": p}, batches))
-        cases.append(
-            Case(
-                f"calibrated at {p}: the fraction of calibration values quantization clips",
-                ("clipped", {"percentile": p}, batches),
-                expected=clipped,
-            )
-        )
-    cases.append(
-        Case(
-            "range() before any observe() raises ValueError",
-            ("range", {"percentile": 99.0}, []),
-            compare=raises(ValueError),
-        )
-    )
-
-    def run(kind: str, kw: dict, bs: list[torch.Tensor]) -> Any:
-        lo, hi = _observe(cls, kw, bs)
-        return (lo, hi) if kind == "range" else clipped_fraction(lo, hi)
-
-    run_check("percentile_observer", run, cases, compare=close(rtol=1e-5, atol=1e-6))
+        rng = _observe(ref.PercentileObserver, {"percentile": p}, batches)
+        cases.append(Case(f"calibrated at {p}: the fraction of calibration values "
+                          "quantization clips", ("clipped", {"percentile": p}, batches),
+                          expected=clipped_fraction(*rng), compare=_clipped_compare))
+    cases.append(Case("range() before any observe() raises ValueError",
+                      ("range", {"percentile": 99.0}, []), compare=raises(ValueError)))
+    return cases
 
 
-def int8_matmul(fn: Callable[..., Any]) -> None:
-    """``fn(x_q, w_q, x_zero_point) -> int32``: exact, also past float32's 2**24."""
+percentile_observer = Spec("percentile_observer", _percentile_observer_cases,
+                           drive=_drive_observer, compare=close(rtol=1e-5, atol=1e-6),
+                           rules=(_no_torch_quantization,), forbid=FORBID)
+"""``cls(percentile)``: the (100 - p)th and pth percentiles of everything observed."""
+
+
+def _int8_matmul_cases() -> list[Case]:
     g = _gen(5)
 
     def ri(*shape: int) -> torch.Tensor:
@@ -237,15 +290,18 @@ def int8_matmul(fn: Callable[..., Any]) -> None:
         ("all -128 with zero point 127", torch.full((2, 64), -128, dtype=torch.int8),
          torch.full((2, 64), -128, dtype=torch.int8), 127),
     ]
-    cases = []
-    for name, xq, wq, zp in inputs:
-        expected = ((xq.long() - zp) @ wq.long().T).to(torch.int32)
-        cases.append(Case(name, (xq, wq, torch.tensor(zp)), expected=expected))
-    run_check("int8_matmul", fn, cases, compare=_exact(torch.int32))
+    return [Case(name, (xq, wq, torch.tensor(zp)),
+                 expected=((xq.long() - zp) @ wq.long().T).to(torch.int32))
+            for name, xq, wq, zp in inputs]
 
 
-def int8_linear(fn: Callable[..., Any]) -> None:
-    """``fn(x, w_q, w_scale, x_scale, x_zero_point, bias) -> float32`` against the reference."""
+int8_matmul = Spec("int8_matmul", _int8_matmul_cases, compare=_exact(torch.int32),
+                   rules=(_integer_only,), forbid=FORBID)
+"""``fn(x_q, w_q, x_zero_point) -> int32``: exact, also past float32's 2**24, and computed
+in integers (no floating-point tensor anywhere)."""
+
+
+def _int8_linear_cases() -> list[Case]:
     g = _gen(6)
     cases = []
     for name, n, k, m, per_channel, with_bias, stretch in [
@@ -263,7 +319,13 @@ def int8_linear(fn: Callable[..., Any]) -> None:
         bias = torch.randn(m, generator=g) if with_bias else None
         args = (x, w_q, w_scale, x_scale, x_zp, bias)
         cases.append(Case(name, args, expected=ref.int8_linear(*args)))
-    run_check("int8_linear", fn, cases, compare=close(rtol=1e-5, atol=1e-5))
+    return cases
+
+
+int8_linear = Spec("int8_linear", _int8_linear_cases, compare=close(rtol=1e-5, atol=1e-5),
+                   rules=(_integer_matmul, _no_torch_quantization), forbid=FORBID)
+"""``fn(x, w_q, w_scale, x_scale, x_zero_point, bias) -> float32`` against the reference,
+with the matmul done on integer codes."""
 
 
 class _Nested(nn.Module):
@@ -279,47 +341,68 @@ class _Nested(nn.Module):
         return self.head(self.block(x))
 
 
-def quantize_model(fn: Callable[..., Any]) -> None:
-    """``fn(model, calibration, per_channel=, observer=)``: every Linear int8, outputs right."""
+OBSERVERS: dict[str, Callable[[], Any]] = {
+    "min/max": ref.MinMaxObserver,
+    "percentile 90": lambda: ref.PercentileObserver(90.0),
+}
+
+
+def _model_inputs() -> tuple[list[torch.Tensor], torch.Tensor]:
     g = _gen(8)
     calibration = [torch.randn(16, 6, generator=g) for _ in range(3)]
-    x = torch.randn(32, 6, generator=g)
-    minmax = ref.MinMaxObserver
+    return calibration, torch.randn(32, 6, generator=g)
 
-    def percentile() -> ref.PercentileObserver:
-        return ref.PercentileObserver(90.0)
 
+def _quantize_model_cases() -> list[Case]:
+    calibration, x = _model_inputs()
     cases = []
     for name, calib, per_channel, observer in [
-        ("per-channel weights, min/max calibration over 3 batches", calibration, True, minmax),
-        ("per-tensor weights, min/max calibration", calibration, False, minmax),
-        ("calibration on a single batch", calibration[:1], True, minmax),
-        ("the observer given is used (percentile 90)", calibration, True, percentile),
-        ("no calibration (None): dynamic activation ranges", None, True, minmax),
+        ("per-channel weights, min/max calibration over 3 batches", calibration, True,
+         "min/max"),
+        ("per-tensor weights, min/max calibration", calibration, False, "min/max"),
+        ("calibration on a single batch", calibration[:1], True, "min/max"),
+        ("the observer given is used (percentile 90)", calibration, True, "percentile 90"),
+        ("no calibration (None): dynamic activation ranges", None, True, "min/max"),
     ]:
-        got = _summarise(ref.quantize_model, _Nested(), calib, per_channel, observer, x)
-        cases.append(Case(name, (calib, per_channel, observer), expected=got))
-    run_check(
-        "quantize_model",
-        lambda calib, pc, obs: _summarise(fn, _Nested(), calib, pc, obs, x),
-        cases,
-        compare=close(rtol=1e-4, atol=1e-4),
-    )
+        got = _summarise(ref.quantize_model, calib, per_channel, observer, x)
+        cases.append(Case(name, (calib, per_channel, observer, x), expected=got))
+    return cases
 
 
-def _summarise(
-    fn: Callable[..., Any],
-    model: nn.Module,
-    calib: Any,
-    per_channel: bool,
-    observer: Callable[[], Any],
-    x: torch.Tensor,
-) -> dict[str, Any]:
+def _drive_model(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                 ) -> list[Outcome]:
+    """Like ``call_each``, and the ``linear_fn`` each ``Int8Linear`` was given must not be
+    the reference (the shell's default)."""
+    fn = fns[0]
+    shells: list[Any] = []
+
+    def run(calib: Any, pc: bool, obs: str, x: torch.Tensor) -> dict[str, Any]:
+        return _summarise(fn, calib, pc, obs, x, shells)
+
+    outcomes = call_each([run], cases, spec)
+    given = passed_references([m.linear_fn for m in shells], spec.forbid)
+    if given:
+        outcomes = [replace(o, observed={**o.observed, "references": [
+            *o.observed.get("references", []), *given]}) for o in outcomes]
+    return outcomes
+
+
+quantize_model = Spec("quantize_model", _quantize_model_cases, drive=_drive_model,
+                      compare=close(rtol=1e-4, atol=1e-4), rules=(_no_torch_quantization,),
+                      forbid=FORBID_MODEL)
+"""``fn(model, calibration, per_channel=, observer=)``: every Linear int8, outputs right."""
+
+
+def _summarise(fn: Callable[..., Any], calib: Any, per_channel: bool, observer: str,
+               x: torch.Tensor, shells: list[Any] | None = None) -> dict[str, Any]:
+    model = _Nested()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    qmodel = fn(model, calib, per_channel=per_channel, observer=observer)
+    qmodel = fn(model, calib, per_channel=per_channel, observer=OBSERVERS[observer])
     after = model.state_dict()
     unchanged = set(after) == set(before) and all(torch.equal(before[k], after[k]) for k in after)
     int8 = [m for m in qmodel.modules() if isinstance(m, ref.Int8Linear)]
+    if shells is not None:
+        shells.extend(int8)
     with torch.no_grad():
         out = qmodel(x)
     return {

@@ -1,0 +1,226 @@
+"""Watching a learner's function while it runs: what it dispatched and which references it called.
+
+Two observers, combined by ``watch``:
+
+- ``labsim.lab.profile.OpLog``, a ``TorchDispatchMode`` that sees every ATen and ``c10d``
+  operator below ``__torch_function__`` (so ``torch._C.DisableTorchFunction()`` hides nothing);
+- ``Tripwire``, a profile hook (``sys.setprofile`` and ``threading.setprofile``) that notes every
+  call of a forbidden function -- labsim's own reference of an exercise, or a library shortcut
+  such as ``torch.amp.GradScaler`` -- made from the learner's code.  It matches code objects,
+  so a reference imported under another name, or fetched before the check started, is caught
+  too.  A call counts when some frame between the check and the call is not trusted library
+  code (labsim, the standard library, installed packages: the learner's notebook cells are
+  not), unless the reference is called by code in its own file (a shell class such as
+  ``Int8Linear`` calling a helper beside it).
+
+Both run inside the learner's process: they catch a shortcut taken through a forbidden API,
+not a learner who rewrites the observers themselves (the grader's review column names the tools
+for that).  Observations travel to the grader as plain data, where the rules are applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Sequence
+from types import CodeType, FrameType, FunctionType
+from typing import Any
+
+import torch
+
+from labsim.lab.profile import OpLog
+
+
+def _prefixes() -> tuple[str, ...]:
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # labsim/
+             os.path.dirname(os.path.abspath(torch.__file__)),
+             sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return tuple(os.path.join(os.path.realpath(r), "") for r in roots) + tuple(
+        os.path.join(r, "") for r in roots)
+
+
+def trusted(filename: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether code from ``filename`` is library code (not a notebook cell, not exec'd text)."""
+    if filename.startswith("<frozen"):
+        return True
+    return filename.startswith(prefixes)
+
+
+def _resolve(target: str) -> Any:
+    module, _, qual = target.partition(":")
+    with warnings.catch_warnings():  # importing a library to watch it should not warn
+        warnings.simplefilter("ignore")
+        obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _codes_of(obj: Any, owner: type | None = None) -> list[CodeType]:
+    """The code objects a call of ``obj`` runs first; for a class, those of the methods and
+    properties it defines itself (not helpers it shares with other classes, such as the
+    functions of ``enum`` or ``dataclasses``)."""
+    if isinstance(obj, property):
+        return [c for f in (obj.fget, obj.fset, obj.fdel) if f is not None
+                for c in _codes_of(f, owner)]
+    if isinstance(obj, (staticmethod, classmethod)):
+        return _codes_of(obj.__func__, owner)
+    if isinstance(obj, FunctionType):
+        if owner is not None and not obj.__qualname__.startswith(owner.__qualname__ + "."):
+            return []
+        code = obj.__code__
+        if getattr(code, "co_qualname", code.co_name) != (
+                obj.__qualname__ if hasattr(code, "co_qualname") else obj.__name__):
+            # a decorator's wrapper (contextmanager's helper, functools.wraps): its code is
+            # shared by every function so decorated; watch the function it wraps instead
+            inner = getattr(obj, "__wrapped__", None)
+            return _codes_of(inner) if isinstance(inner, FunctionType) else []
+        return [code]
+    if hasattr(obj, "__func__"):  # bound method
+        return _codes_of(obj.__func__)
+    if isinstance(obj, type) and owner is None:
+        return [c for v in vars(obj).values() for c in _codes_of(v, obj)]
+    return []
+
+
+def _expand(target: str) -> list[str]:
+    """``"module:*"`` -> every public function and class defined in ``module``."""
+    module, _, qual = target.partition(":")
+    if qual != "*":
+        return [target]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mod = importlib.import_module(module)
+    return [f"{module}:{name}" for name, obj in vars(mod).items()
+            if not name.startswith("_") and isinstance(obj, (FunctionType, type))
+            and getattr(obj, "__module__", None) == module]
+
+
+def reference_codes(targets: Sequence[str]) -> dict[CodeType, str]:
+    """Code object -> the name to report, for ``"module:qualname"`` targets (functions,
+    classes -- every method they define --, methods and properties; ``"module:*"`` is every
+    public function and class the module defines)."""
+    codes: dict[CodeType, str] = {}
+    for target in (t for raw in targets for t in _expand(raw)):
+        module, _, qual = target.partition(":")
+        shown = f"{module}.{qual}"
+        for code in _codes_of(_resolve(target)):
+            codes.setdefault(code, shown)
+    return codes
+
+
+def passed_references(fns: Sequence[Any], targets: Sequence[str]) -> list[str]:
+    """The forbidden targets among the functions handed to a check: the reference itself (or
+    a class deriving from a forbidden class) passed where the learner's function belongs."""
+    if not targets:
+        return []
+    codes = reference_codes(targets)
+    classes = {id(_resolve(t)): f"{t.replace(':', '.')}" for raw in targets
+               for t in _expand(raw) if isinstance(_resolve(t), type)}
+    hits: list[str] = []
+    for fn in fns:
+        found = [codes[c] for c in _codes_of(fn) if c in codes]
+        if isinstance(fn, type):
+            found += [classes[id(k)] for k in fn.__mro__ if id(k) in classes]
+        for name in found:
+            if name not in hits:
+                hits.append(name)
+    return hits
+
+
+class Tripwire:
+    """Record calls of ``codes`` made from untrusted code while the block runs (see module)."""
+
+    def __init__(self, codes: dict[CodeType, str]) -> None:
+        self.codes = codes
+        self.hits: list[str] = []
+        self.prefixes = _prefixes()
+        self._boundary: FrameType | None = None
+        self._saved: tuple[Any, Any] = (None, None)
+
+    def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        name = self.codes.get(frame.f_code)
+        if name is None:
+            return
+        caller = frame.f_back
+        if caller is not None and caller.f_code.co_filename == frame.f_code.co_filename:
+            return  # a reference helper called by its own module (a shell class, say)
+        f = caller
+        while f is not None and f is not self._boundary:
+            filename = f.f_code.co_filename
+            if filename.startswith("<frozen importlib"):
+                return  # trusted code run by an import (a labsim module's own set-up)
+            if not trusted(filename, self.prefixes):
+                if name not in self.hits:
+                    self.hits.append(name)
+                return
+            f = f.f_back
+
+    def arm(self, boundary: FrameType | None) -> None:
+        """Start watching; calls are attributed up to ``boundary`` (the frame that called the
+        learner's function), not beyond."""
+        self._boundary = boundary
+        self._saved = (sys.getprofile(), threading.getprofile())
+        if self.codes:
+            sys.setprofile(self._hook)
+            threading.setprofile(self._hook)
+
+    def disarm(self) -> None:
+        if self.codes:
+            sys.setprofile(self._saved[0])
+            threading.setprofile(self._saved[1])
+
+
+class _FunctionNames(torch.overrides.TorchFunctionMode):
+    """The names of the torch functions and methods called (``__torch_function__`` level)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class watch:  # noqa: N801 - used as a context manager, like a function
+    """Run a block under the operator log (``ops``) and a tripwire on the ``forbid`` targets
+    (``"module:qualname"``); ``summary()`` is what was seen, as plain data::
+
+        with watch(["labsim.roofline:matmul_flops"]) as seen:
+            value = learner_fn(*args)
+        seen.summary()   # {"ops": {...}, "largest_new": ..., "references": [...], ...}
+    """
+
+    def __init__(self, forbid: Sequence[str] = (), *, ops: bool = True,
+                 keep_created: bool = False, functions: bool = False) -> None:
+        self.wire = Tripwire(reference_codes(forbid))
+        self.log = OpLog(keep_created=keep_created) if ops else None
+        self.names = _FunctionNames() if functions else None
+
+    def __enter__(self) -> watch:
+        if self.log is not None:
+            self.log.__enter__()
+        if self.names is not None:
+            self.names.__enter__()
+        self.wire.arm(sys._getframe(1))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wire.disarm()
+        if self.names is not None:
+            self.names.__exit__(*exc)
+        if self.log is not None:
+            self.log.__exit__(*exc)
+
+    def summary(self) -> dict[str, Any]:
+        out = self.log.summary() if self.log is not None else {}
+        if self.names is not None:
+            out["functions"] = sorted(self.names.names)
+        out["references"] = list(self.wire.hits)
+        return out

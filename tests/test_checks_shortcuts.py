@@ -1,0 +1,151 @@
+"""Shortcuts through the checks of labs 00-06 fail, naming the rule; each lab's own solution
+(from ``solutions/``) passes beside them.  (Labs 07-09 and 12: their own check tests.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from labsim import checks as check
+from labsim.checks import CheckFailed
+
+from .solution_cells import exercises
+
+REFERENCE = "calls labsim's own reference"
+
+
+def test_labs_00_01_solutions_pass_and_library_answers_do_not(capsys) -> None:  # noqa: ANN001
+    s0, s1 = exercises("00_why_gpus"), exercises("01_memory")
+    check.roofline.matmul_flops(s0["matmul_flops"])
+    check.memory.gpt_params(s1["gpt_params"])
+    assert capsys.readouterr().out.count("PASS") == 2
+    import labsim
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.roofline.roofline_time(lambda f, b, p, bw: labsim.Roofline("x", p, bw).op_time(f, b))
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.memory.gpt_params(lambda layers, hidden, vocab, seq: labsim.Transformer(
+            layers, hidden, max(1, hidden // 64), seq, vocab, tied_embeddings=True).params)
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.memory.zero_model_state_bytes(
+            lambda n, stage, dp: labsim.training_memory(n, zero_stage=stage, dp=dp).model_states)
+
+
+# -- lab 02: the loss scaler must not be, wrap or run a GradScaler ----------------------------
+
+S2 = exercises("02_mixed_precision")
+
+
+class Subclass(torch.amp.GradScaler):
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        super().__init__("cpu", **kwargs)
+
+
+class Wrapper:
+    """Delegates everything to a GradScaler it holds (composition)."""
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        self.inner = torch.amp.GradScaler("cpu", **kwargs)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+
+class Kernels(S2["DynamicLossScaler"]):
+    """The solution, but the update is GradScaler's own kernel called directly."""
+
+    def update(self) -> None:
+        found = torch.tensor(float(any(self._found_inf.values())))
+        scale, tracker = torch.tensor([self._scale]), torch.tensor([self._good_steps],
+                                                                    dtype=torch.int32)
+        with torch._C.DisableTorchFunction():
+            torch._amp_update_scale_(scale, tracker, found, self.growth_factor,
+                                     self.backoff_factor, self.growth_interval)
+        self._scale, self._good_steps = float(scale), int(tracker)
+        self._found_inf = {}
+
+
+def test_the_loss_scaler_solution_passes_every_scenario(capsys) -> None:  # noqa: ANN001
+    check.precision.loss_scaler(S2["DynamicLossScaler"])
+    assert "PASS loss_scaler: 10/10 cases passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("cls", "why"), [
+    (Subclass, "GradScaler"), (Wrapper, REFERENCE), (Kernels, "GradScaler's own kernels"),
+], ids=["subclass", "composition", "kernels"])
+def test_a_grad_scaler_in_disguise_scores_zero(cls, why: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match=why) as info:
+        check.precision.loss_scaler(cls)
+    assert "0/10 cases passed" in str(info.value)
+
+
+def test_one_flag_for_every_optimizer_fails_the_edge_cases() -> None:
+    class OneFlag(S2["DynamicLossScaler"]):
+        """The single-flag design: a second optimizer is never unscaled."""
+
+        def unscale_(self, optimizer) -> None:  # noqa: ANN001
+            if self._found_inf:
+                return
+            super().unscale_(optimizer)
+
+    with pytest.raises(CheckFailed, match="unscale_ twice|two optimizers"):
+        check.precision.loss_scaler(OneFlag)
+
+
+# -- lab 03: checkpointing by calling labsim's own forward ------------------------------------
+
+def test_checkpointing_with_labsims_forward_fails(capsys) -> None:  # noqa: ANN001
+    s3 = exercises("03_checkpointing")
+    check.checkpointing.checkpointed_forward(s3["checkpointed_forward"])
+    check.checkpointing.segment_plan(s3["plan_segments"])
+    assert capsys.readouterr().out.count("PASS") == 2
+    from labsim.checks.checkpointing import forward_segments, plan_segments
+
+    for spec, ref in ((check.checkpointing.checkpointed_forward, forward_segments),
+                      (check.checkpointing.segment_plan, plan_segments)):
+        with pytest.raises(CheckFailed, match=REFERENCE):
+            spec(lambda *a, ref=ref: ref(*a))
+
+
+# -- lab 04: attention without SDPA, tile by tile ---------------------------------------------
+
+S4 = exercises("04_flash_attention")
+
+
+def full_rows(q, k, v, causal=False, block_q=64, block_kv=64):  # noqa: ANN001, ANN201
+    """Blocks of queries against *all* keys: exact, but a full row of scores per query."""
+    out = torch.empty_like(q)
+    for i in range(0, q.shape[-2], block_q):
+        s = q[..., i:i + block_q, :] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            rows = torch.arange(i, i + s.shape[-2]).unsqueeze(-1)
+            s = s.masked_fill(torch.arange(s.shape[-1]) > rows, -math.inf)
+        out[..., i:i + block_q, :] = torch.softmax(s, -1) @ v
+    return out
+
+
+def hidden_sdpa(q, k, v, causal=False, **_):  # noqa: ANN001, ANN003, ANN201
+    with torch._C.DisableTorchFunction():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def test_attention_solutions_pass_on_bf16_cross_and_odd_heads(capsys) -> None:  # noqa: ANN001
+    check.attention.naive_attention(S4["naive_attention"])
+    check.attention.tiled_attention(S4["tiled_attention"])
+    assert capsys.readouterr().out.splitlines() == [
+        "PASS naive_attention: 8/8 cases passed", "PASS tiled_attention: 12/12 cases passed"]
+
+
+def test_a_full_row_softmax_is_not_tiled() -> None:
+    with pytest.raises(CheckFailed, match="no full rows of scores") as info:
+        check.attention.tiled_attention(full_rows)
+    assert "0/12 cases passed" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["naive_attention", "tiled_attention"])
+def test_sdpa_hidden_from_torch_function_is_still_sdpa(name: str) -> None:
+    with pytest.raises(CheckFailed, match="write the attention yourself") as info:
+        getattr(check.attention, name)(hidden_sdpa)
+    assert " 0/" in str(info.value)

@@ -1,0 +1,173 @@
+"""The grader against shortcuts through the real labs' checks, end to end: each lab cut to the
+exercises attacked (``fixtures/minilab.py``), released by the real pipeline and graded in the
+sandbox with the lab's solution beside every attack.  Every attack scores 0 on its check and
+is named in the review column; every solution scores full marks.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import minilab  # noqa: E402
+
+from labsim.cli import main  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+RING_LIBRARY = '''def ring_allreduce(tensor):
+    dist.all_reduce(tensor)
+    return tensor
+'''
+RING_GROUP = '''def ring_allreduce(tensor):
+    with torch._C.DisableTorchFunction():
+        dist.distributed_c10d._get_default_group().allreduce([tensor]).wait()
+    return tensor
+'''
+TILED_SDPA = '''def tiled_attention(q, k, v, causal=False, block_q=64, block_kv=64):
+    with torch._C.DisableTorchFunction():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+'''
+TILED_ROWS = '''def tiled_attention(q, k, v, causal=False, block_q=64, block_kv=64):
+    out = torch.empty_like(q)
+    for i in range(0, q.shape[-2], block_q):
+        s = q[..., i:i + block_q, :] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            rows = torch.arange(i, i + s.shape[-2]).unsqueeze(-1)
+            s = s.masked_fill(torch.arange(s.shape[-1]) > rows, float("-inf"))
+        out[..., i:i + block_q, :] = torch.softmax(s, -1) @ v
+    return out
+'''
+SCALER_SUBCLASS = '''class DynamicLossScaler(torch.amp.GradScaler):
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        super().__init__("cpu", init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval)
+'''
+MATMUL_REFERENCE = '''from labsim.roofline import matmul_flops as _library
+def matmul_flops(m, n, k):
+    return _library(m, n, k)
+'''
+MATMUL_TABLE = '''import labsim.checks.roofline as _c
+_TABLE = {case.args: case.expected for case in _c.matmul_flops.cases()}
+def matmul_flops(m, n, k):
+    return _TABLE[(m, n, k)]
+'''
+INT8_FLOAT = '''def int8_matmul(x_q, w_q, x_zero_point):
+    x = x_q.double() - float(x_zero_point)
+    return (x @ w_q.double().T).round().to(torch.int32)
+'''
+FUSED_REFERENCE = '''from labsim.experiments.fusion import bias_gelu_dropout_residual as _ref
+def fused_chain(x, bias, residual, keep, p, chunk_rows=256):
+    return _ref(x, bias, residual, keep, p)
+'''
+CHECKPOINT_REFERENCE = '''from labsim.checks.checkpointing import forward_segments
+def checkpointed_forward(blocks, x, starts):
+    return forward_segments(blocks, x, starts)
+'''
+DDP_PER_PARAMETER = '''class BucketDDP(nn.Module):
+    def __init__(self, module, bucket_cap_bytes):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, src=0)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        pass
+'''
+ZERO_REPLICATED = '''class ShardedAdam:
+    def __init__(self, params, lr):
+        self.params = list(params)
+        self.adam = torch.optim.Adam(self.params, lr=lr)
+
+    def zero_grad(self):
+        self.adam.zero_grad()
+
+    def state_tensors(self):
+        states = [v for s in self.adam.state.values() for k, v in s.items() if k != "step"]
+        return states[: len(states) // 2]
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        self.adam.step()
+'''
+
+# lab, exercises cut, the check column attacked, {attack: (exercise, source), ...}
+CORPUS = [
+    ("00_why_gpus", ["matmul_flops"], "matmul_flops",
+     {"reference": ("matmul_flops", MATMUL_REFERENCE),
+      "table": ("matmul_flops", MATMUL_TABLE)}),
+    ("02_mixed_precision", ["DynamicLossScaler"], "loss_scaler",
+     {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)}),
+    ("03_checkpointing", ["checkpointed_forward"], "checkpointed_forward",
+     {"reference": ("checkpointed_forward", CHECKPOINT_REFERENCE)}),
+    ("04_flash_attention", ["tiled_attention"], "tiled_attention",
+     {"sdpa": ("tiled_attention", TILED_SDPA), "rows": ("tiled_attention", TILED_ROWS)}),
+    ("05_kernel_fusion", ["fused_chain"], "fused_chain",
+     {"reference": ("fused_chain", FUSED_REFERENCE)}),
+    ("07_collectives", ["ring_allreduce"], "ring_allreduce",
+     {"library": ("ring_allreduce", RING_LIBRARY), "group": ("ring_allreduce", RING_GROUP)}),
+    ("08_data_parallel", ["BucketDDP"], "bucketed_ddp",
+     {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)}),
+    ("09_zero_fsdp", ["ShardedAdam"], "sharded_adam",
+     {"replicated": ("ShardedAdam", ZERO_REPLICATED)}),
+    ("12_int8_quantization", ["int8_matmul"], "int8_matmul",
+     {"float64": ("int8_matmul", INT8_FLOAT)}),
+]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("labs")
+    rows: dict[tuple[str, str], dict] = {}
+    for stem, names, _, attacks in CORPUS:
+        lab = minilab.mini_lab(root / stem, stem, names)
+        subs = {"solution": minilab.submission(
+            lab, root / stem / "subs" / "solution.ipynb",
+            **{n: minilab.solution_source(stem, n) for n in names})}
+        for attack, (name, source) in attacks.items():
+            subs[attack] = minilab.submission(lab, root / stem / "subs" / f"{attack}.ipynb",
+                                              **{name: source})
+        out = root / stem / "grades.csv"
+        assert main(["grade", "--lab", str(lab), *map(str, subs.values()), "--out", str(out),
+                     "--jobs", "2", "--timeout-cell", "240", "--timeout-notebook", "400"]) == 0
+        for r in csv.DictReader(io.StringIO(out.read_text())):
+            rows[(stem, Path(r["submission"]).stem)] = r
+    return rows
+
+
+@pytest.mark.parametrize(("stem", "column"), [(s, c) for s, _, c, _ in CORPUS],
+                         ids=[s for s, *_ in CORPUS])
+def test_the_solution_beside_the_attacks_earns_full_marks(graded: dict, stem: str,
+                                                          column: str) -> None:
+    r = graded[(stem, "solution")]
+    assert (r["status"], r[column], r["total"] == r["max"], r["review"]) == (
+        "ok", r["max"], True, ""), r
+
+
+@pytest.mark.parametrize(("stem", "column", "attack"),
+                         [(s, c, a) for s, _, c, attacks in CORPUS for a in attacks],
+                         ids=[f"{s}-{a}" for s, _, _, attacks in CORPUS for a in attacks])
+def test_a_shortcut_scores_zero_and_is_named_for_review(graded: dict, stem: str, column: str,
+                                                        attack: str) -> None:
+    r = graded[(stem, attack)]
+    assert r[column] == "0", r
+    assert column in r["review"] or "exercise cell calls" in r["review"], r
