@@ -12,7 +12,8 @@ from labsim.plots import busbw_curves, gantt, link_utilisation  # noqa: E402
 
 
 def test_gantt_has_one_row_per_rank_stream_and_caps_rows():
-    r = simulate_collective("allreduce", 10**6, dgx_h100(1), detail="full")
+    r = simulate_collective("allreduce", 10**6, dgx_h100(1), "ring", protocol="alpha-beta",
+                            detail="full")
     fig = gantt(r.trace)
     assert len(fig.axes[0].get_yticklabels()) == 8
     fig = gantt(r.trace, max_rows=3)
@@ -25,6 +26,9 @@ def test_link_utilisation_and_busbw_curves_draw():
     r = simulate_collective("allreduce", 10**8, dgx_h100(2))
     assert "utilisation" in link_utilisation(r).axes[0].get_title()
     fig = busbw_curves(dgx_h100(1), sizes=[1e3, 1e6, 1e9],
+                       algorithms=("auto", "ring", "nvls", "collnet_chain"))
+    assert len(fig.axes[0].get_lines()) == 3  # no SHARP switches: CollNet is skipped
+    fig = busbw_curves(dgx_h100(1), sizes=[1e3, 1e6, 1e9], protocol="alpha-beta",
                        algorithms=("ring", "tree", "recursive_doubling"))
     assert len(fig.axes[0].get_lines()) == 3
 
@@ -33,7 +37,7 @@ def test_link_utilisation_and_busbw_curves_draw():
 def test_collectives_widget_and_its_static_figure():
     from labsim.widgets import collectives_figure, explore_collectives
 
-    fig = collectives_figure("pcie-a100", 2, "allreduce", ("ring", "hierarchical"), 2**20)
+    fig = collectives_figure("pcie-a100", 2, "allreduce", ("auto", "ring", "tree"), 2**20)
     assert "16 GPUs" in fig.axes[0].get_title()
     explorer = explore_collectives(nodes=2)
     first = explorer.png
