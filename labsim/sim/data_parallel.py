@@ -18,7 +18,8 @@ from dataclasses import replace
 
 from labsim.cluster import Cluster
 from labsim.plan import Plan
-from labsim.sim.step import StepResult, simulate_step
+from labsim.sim.step import simulate_step
+from labsim.step import StepResult
 from labsim.workload import Transformer
 
 __all__ = ["bucket_sweep", "dp_scaling", "exposed_comm_s", "flat_cluster"]
@@ -26,7 +27,7 @@ __all__ = ["bucket_sweep", "dp_scaling", "exposed_comm_s", "flat_cluster"]
 
 def exposed_comm_s(result: StepResult) -> float:
     """Seconds of the step not covered by stage 0's compute or optimizer (pp = 1 plans)."""
-    busy = sum(v for k, v in result.breakdown.items() if k != "comm")
+    busy = sum(v for k, v in result.breakdown.items() if k not in ("comm", "send"))
     return max(0.0, result.step_time_s - busy)
 
 
