@@ -86,3 +86,24 @@ def test_a_chain_of_shared_pipes_rerates_the_whole_component():
 def test_a_network_refuses_a_pipe_without_bandwidth():
     with pytest.raises(ValueError, match="bandwidth > 0"):
         Network(simpy.Environment(), [1.0, 0.0])
+
+
+def test_a_flow_joining_a_solo_flow_shares_with_it_and_bytes_are_counted():
+    # the first flow starts on an idle network (kept off the pipe index until the second
+    # comes); the answer is the one of the shared-pipe test above
+    import numpy as np
+
+    env = simpy.Environment()
+    net = Network(env, [100.0, 100.0])
+    ends = {}
+
+    def go(name, start, nbytes, pipes, loads):
+        yield env.timeout(start)
+        yield net.flow(nbytes, pipes, loads)
+        ends[name] = env.now
+
+    env.process(go("solo", 0, 100.0, np.array([0, 1]), np.array([1.0, 1.0])))
+    env.process(go("late", 0.5, 20.0, [1], [1.0]))
+    env.run()
+    assert ends == pytest.approx({"solo": 1.2, "late": 0.9})
+    assert net.moved.tolist() == pytest.approx([100.0, 120.0])

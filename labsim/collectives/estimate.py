@@ -125,11 +125,22 @@ def textbook_steps(op: str, nbytes: float, members: list, cluster: Cluster, algo
 
 def step_pipes(step: Step, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, float]:
     """(pipes, bytes on each, alpha) of one textbook step."""
-    paths = cluster.paths(step.pattern.src, step.pattern.dst)
-    alpha = float(cluster.latencies(step.pattern.src, step.pattern.dst).max())
-    pipes, inverse = np.unique(paths.ravel(), return_inverse=True)
-    loads = np.bincount(inverse, np.repeat(step.nbytes, 2), minlength=len(pipes))
-    return pipes, loads, alpha
+    pattern = step.pattern
+    route = pattern.routes.get(cluster)
+    if route is None:  # steps alike share a pattern: route it once per cluster
+        paths = cluster.paths(pattern.src, pattern.dst).ravel()
+        alpha = float(cluster.latencies(pattern.src, pattern.dst).max())
+        pipes, counts = np.unique(paths, return_counts=True)
+        route = pattern.routes[cluster] = (paths, alpha, pipes, bool(counts.max() == 1))
+    paths, alpha, pipes, distinct = route
+    if distinct and step.min_bytes == step.max_bytes:  # every pipe carries one transfer
+        return pipes, np.full(len(pipes), step.max_bytes), alpha
+    if distinct:
+        loads = np.empty(cluster.n_pipes)
+        loads[paths] = np.repeat(step.nbytes, 2)
+        return pipes, loads[pipes], alpha
+    per_pipe = np.bincount(paths, np.repeat(step.nbytes, 2), minlength=cluster.n_pipes)
+    return pipes, per_pipe[pipes], alpha
 
 
 def estimate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str = "auto",
@@ -150,7 +161,7 @@ def estimate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str
         pipe_bytes = np.zeros(cluster.n_pipes)
         for step in steps:
             pipes, loads, alpha = step_pipes(step, cluster)
-            t += alpha + float(np.max(loads / cap[pipes]))
+            t += alpha + (float(np.max(loads / cap[pipes])) if len(pipes) else 0.0)
             pipe_bytes[pipes] += loads
         _, algo = normalize(op, algorithm, n, size)
         return _result(op, algo, TEXTBOOK, size, n, t, cluster, 0, len(steps),

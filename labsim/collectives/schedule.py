@@ -87,12 +87,13 @@ def split_sizes(total: int, parts: int) -> np.ndarray:
 class Pattern:
     """The sender -> receiver pairs of a step (global ranks), shared by steps alike."""
 
-    __slots__ = ("src", "dst", "key")
+    __slots__ = ("src", "dst", "key", "routes")
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, key: object) -> None:
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         self.key = key
+        self.routes: dict = {}  # cluster -> its pipes and alpha (labsim.collectives.estimate)
 
     def __len__(self) -> int:
         return len(self.src)

@@ -47,9 +47,12 @@ def run_steps(net: Network, cluster: Cluster, steps: list[Step],
     step) to ``records``."""
     for step in steps:
         pipes, loads, alpha = step_pipes(step, cluster)
-        heaviest = float(loads.max())
+        heaviest = float(loads.max()) if len(pipes) else 0.0
         start = net.env.now
-        yield net.flow(heaviest, pipes, loads / heaviest, latency=alpha)
+        if heaviest > 0:
+            yield net.flow(heaviest, pipes, loads / heaviest, latency=alpha)
+        elif alpha > 0:
+            yield net.env.timeout(alpha)
         records.append((start, net.env.now, step))
 
 

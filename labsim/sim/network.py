@@ -8,9 +8,12 @@ ends (weighted max-min fairness; a flow alone runs at ``labsim.network.alone_rat
 returned event fires when the last byte is through; its value is the ``Flow``.
 
 Only flows connected through shared pipes are re-rated, so independent traffic costs one
-event per flow, whatever else runs.  Everything a training step moves -- tensor-parallel
-collectives, pipeline sends, data-parallel and ZeRO collectives -- goes through one
-``Network``, so traffic of different groups slows down exactly where it meets.
+event per flow, whatever else runs; a flow that starts on an idle network is not even
+registered on its pipes until a second flow starts (a textbook collective's steps, one
+after another over thousands of pipes, then cost a few vector operations each).
+Everything a training step moves -- tensor-parallel collectives, pipeline sends,
+data-parallel and ZeRO collectives -- goes through one ``Network``, so traffic of different
+groups slows down exactly where it meets.
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ class Network:
         self.events = 0
         self._on: dict[int, set[Flow]] = {}
         self._cap = [float(c) for c in self.capacity]
+        self._active = 0  # flows admitted and not ended
+        self._solo: Flow | None = None  # the one active flow, not registered on its pipes
 
     def flow(self, nbytes: float, pipes: Sequence[int] = (), loads: Sequence[float] = (),
              cap: float = math.inf, latency: float = 0.0, tag: object = None) -> simpy.Event:
         """Start a flow now (module doc); the event's value is its ``Flow``."""
         done = self.env.event()
-        if not isinstance(pipes, tuple):
+        if isinstance(pipes, np.ndarray):
+            loads = np.asarray(loads, dtype=float)
+        elif not isinstance(pipes, tuple):
             pipes, loads = tuple(int(p) for p in pipes), tuple(float(x) for x in loads)
         f = Flow(nbytes, pipes, loads, cap, done, tag)  # type: ignore[arg-type]
         f.start_s = self.env.now
@@ -78,9 +85,26 @@ class Network:
     def _admit(self, f: Flow) -> None:
         now = self.env.now
         f.admit_s = f.since = now
-        if f.nbytes <= 0 or not f.pipes and f.cap == math.inf:
+        if f.nbytes <= 0 or not len(f.pipes) and f.cap == math.inf:
             self._finish(f)
             return
+        self._active += 1
+        if self._active == 1:  # alone on an idle network: vector arithmetic, no registration
+            pipes = np.asarray(f.pipes, dtype=np.int64)
+            loads = np.asarray(f.loads, dtype=float)
+            if self.track_bytes:
+                np.add.at(self.moved, pipes, loads * f.nbytes)
+            used = loads > 0
+            f.rate = min(f.cap, float(np.min(self.capacity[pipes[used]] / loads[used]))
+                         if used.any() else math.inf)
+            self._solo = f
+            self._schedule(f)
+            return
+        if self._solo is not None:
+            self._register(self._solo)
+        if isinstance(f.pipes, np.ndarray):
+            f.pipes = tuple(int(p) for p in f.pipes)
+            f.loads = tuple(float(x) for x in f.loads)
         if self.track_bytes:
             for p, ld in zip(f.pipes, f.loads):
                 self.moved[p] += ld * f.nbytes
@@ -102,6 +126,15 @@ class Network:
             self._schedule(f)
             return
         self._rerate(self._component(f) | {f})
+
+    def _register(self, f: Flow) -> None:
+        """Put the solo flow ``f`` on its pipes, now that another flow starts."""
+        self._solo = None
+        if isinstance(f.pipes, np.ndarray):
+            f.pipes = tuple(int(p) for p in f.pipes)
+            f.loads = tuple(float(x) for x in f.loads)
+        for p in f.pipes:
+            self._on.setdefault(p, set()).add(f)
 
     def _component(self, f: Flow) -> set[Flow]:
         """Active flows connected to ``f``'s pipes through shared pipes."""
@@ -145,6 +178,12 @@ class Network:
     def _end(self, f: Flow, version: int) -> None:
         if version != f.version:
             return  # re-rated since: a later timeout ends it
+        self._active -= 1
+        if f is self._solo:
+            self._solo = None
+            f.left = 0.0
+            self._finish(f)
+            return
         for p in f.pipes:
             on = self._on.get(p)
             if on is not None:
