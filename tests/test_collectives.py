@@ -154,6 +154,8 @@ def test_selection_by_size_like_nccl_and_overrides_like_nccl_algo():
     assert parse_choice("^LL128", ("LL", "LL128", "Simple"), "proto") == {"LL", "Simple"}
     with pytest.raises(ValueError, match="no algorithm/protocol available"):
         select("allreduce", 1024, topo, frozenset({"pat"}))
+    with pytest.raises(ValueError, match="textbook algorithm: pass protocol='alpha-beta'"):
+        parse_choice("hierarchical", ("ring", "tree"), "algo")
     # PAT is NCCL's choice only with one GPU per node; CollNet only with SHARP switches
     dp = strided_group(dgx_h100(8), 8, 8)
     assert plan_collective("allgather", 2**26, dp).algorithm in ("pat", "ring")

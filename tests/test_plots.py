@@ -31,6 +31,22 @@ def test_link_utilisation_and_busbw_curves_draw():
     fig = busbw_curves(dgx_h100(1), sizes=[1e3, 1e6, 1e9], protocol="alpha-beta",
                        algorithms=("ring", "tree", "recursive_doubling"))
     assert len(fig.axes[0].get_lines()) == 3
+    # textbook-only names, or "alpha-beta:<name>", use the textbook model beside NCCL's
+    fig = busbw_curves(dgx_h100(2), sizes=[1e3, 1e6, 1e9],
+                       algorithms=("auto", "hierarchical", "alpha-beta:ring"))
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels == ["DGX H100 x2, NCCL's choice", "DGX H100 x2, hierarchical (textbook)",
+                      "DGX H100 x2, ring (textbook)"]
+
+
+def test_published_curve_draws_measured_points_and_the_model():
+    from labsim.plots import published_curve
+    from labsim.published import nccl_tests
+
+    curve = nccl_tests()[0]
+    ax = published_curve(curve).axes[0]
+    assert [line.get_label() for line in ax.get_lines()][:2] == ["published", "NCCL model"]
+    assert curve.id in ax.get_title() and curve.role in ax.get_title()
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ def collective_time(op: str, nbytes: float, n: int | Cluster, link: Link | str |
     op, algo = normalize(op, algorithm or "ring", n, nbytes)
     if algo == "hierarchical":
         raise ValueError("hierarchical all-reduce needs a cluster (nodes x GPUs): use "
-                         "collective_time_on(cluster, ...)")
+                         "collective_time(op, nbytes, cluster, ...)")
     a, b = _alpha_beta(link, achieved)
     S, p = int(nbytes), int(n)
     if p == 1 or S == 0:

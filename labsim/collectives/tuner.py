@@ -245,9 +245,14 @@ def parse_choice(value: str, names: tuple[str, ...], what: str) -> frozenset[str
     for part in text.lstrip("^").split(","):
         key = part.strip().lower()
         if key not in lookup:
+            textbook = key in ("hierarchical", "recursive_doubling", "rabenseifner",
+                               "recursive_halving", "pairwise", "halving_doubling",
+                               "binomial")
+            hint = (f"; {part.strip()!r} is a textbook algorithm: pass protocol='alpha-beta'"
+                    if textbook else "")
             raise ValueError(f"{what}={value!r}: unknown {part.strip()!r}; choose among "
                              f"{', '.join(names)} (NCCL_{what.upper()} syntax: a list, or "
-                             f"'^' to exclude)")
+                             f"'^' to exclude){hint}")
         chosen.add(lookup[key])
     return frozenset(names) - chosen if exclude else frozenset(chosen)
 

@@ -1,7 +1,8 @@
 """Explore collectives: cluster, nodes, operation and algorithms -> bus bandwidth vs size.
 
 ``collectives_figure`` is the pure function (``labsim.estimate_collective`` on the cluster,
-NCCL's model: its own choice and each algorithm forced; drawn by ``labsim.plots.busbw_curves``);
+NCCL's model: its own choice and each algorithm forced, and textbook algorithms such as
+``"hierarchical"``; drawn by ``labsim.plots.busbw_curves``);
 it is the static figure a notebook shows where widgets cannot run.  ``explore_collectives``
 wraps it in controls.
 """
@@ -16,7 +17,7 @@ from matplotlib.figure import Figure
 from labsim.cluster import PRESETS, cluster
 from labsim.collectives import estimate_collective
 from labsim.collectives.schedule import OPS
-from labsim.plots.collectives import busbw_curves
+from labsim.plots.collectives import _model_of, busbw_curves
 from labsim.units import fmt_bandwidth, fmt_bytes, fmt_time
 
 
@@ -28,12 +29,14 @@ def collectives_figure(preset: str = "dgx-h100", nodes: int = 1, op: str = "allr
     c = cluster(preset, nodes)
     fig = busbw_curves(c, op, algorithms)
     notes = []
-    for algo in algorithms:
+    for entry in algorithms:
+        algo, protocol, name = _model_of(entry, "auto")
         try:
-            r = estimate_collective(op, int(size_bytes), c, algo)
+            r = estimate_collective(op, int(size_bytes), c, algo, protocol=protocol)
         except ValueError:
             continue
-        name = f"NCCL picks {r.algorithm}/{r.protocol}" if algo == "auto" else algo
+        if algo == "auto":
+            name = f"NCCL picks {r.algorithm}/{r.protocol}"
         notes.append(f"{name} {fmt_time(r.time_s)} ({fmt_bandwidth(r.busbw_Bps)})")
     ax = fig.axes[0]
     ax.axvline(size_bytes, color="grey", lw=0.8, ls="--")
