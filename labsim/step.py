@@ -18,7 +18,7 @@ tensor ranks do the same thing at once), and stages whose GPUs share a node and 
 NIC's pipes.  Tensor-parallel, pipeline and data-parallel traffic of a stage therefore meet on
 the same pipes, in the closed form's accounting and in the simulation (``labsim.sim.step``).
 
-``estimate_step`` (in ``labsim.step_estimate``) is the closed-form face;
+``estimate_step`` (below) is the closed-form face;
 ``labsim.simulate_step`` the simulated one.  Rank layout (Megatron-LM): tensor-parallel
 fastest, then data-parallel, then pipeline.
 """

@@ -150,7 +150,18 @@ def _topology_of(group: Group) -> Topology:
 def plan_collective(op: str, nbytes: float, group: Group, algorithm: str = "auto",
                     protocol: str = "auto", physics: NcclPhysics = PHYSICS) -> CollectiveCost:
     """What ``op`` of ``nbytes`` (nccl-tests size: the whole buffer; for all-gather the
-    output, for reduce-scatter the input) costs on ``group`` under the NCCL model."""
+    output, for reduce-scatter the input) costs on ``group`` under the NCCL model.
+
+    A ``Group`` is a shape (ranks, nodes, GPUs per node, NICs on a cluster), not a rank list,
+    so the answers are cached: a training step asks the same question for every stage."""
+    try:
+        return _plan_cached(op, nbytes, group, algorithm, protocol, physics)
+    except TypeError:  # an unhashable argument: let the checks below name it
+        return _plan(op, nbytes, group, algorithm, protocol, physics)
+
+
+def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
+          physics: NcclPhysics) -> CollectiveCost:
     if op not in NCCL_OPS:
         raise ValueError(f"unknown collective {op!r}; choose one of {', '.join(NCCL_OPS)}")
     n = group.nranks
@@ -180,6 +191,9 @@ def plan_collective(op: str, nbytes: float, group: Group, algorithm: str = "auto
     latency = physics.latency_scale[topo.arch] * lat_us * 1e-6 + fill
     return CollectiveCost(op, float(nbytes), group, algo, proto, nc, latency, cap,
                           intra / data, nic / data, estimate * 1e-6)
+
+
+_plan_cached = lru_cache(maxsize=65536)(_plan)
 
 
 def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: str,
