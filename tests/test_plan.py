@@ -16,6 +16,16 @@ def test_profile_defaults_fill_what_the_plan_leaves_open():
     assert Plan(software="deepspeed-zero3-2021").zero3_prefetch == 0
 
 
+def test_the_generic_profile_sits_between_the_calibrated_ones():
+    from labsim.software import PROFILES
+
+    generic = PROFILES["generic"].sustained
+    for arch in ("ampere", "hopper"):
+        fitted = [p.sustained[arch] for p in PROFILES.values()
+                  if p.calibration and arch in p.sustained]
+        assert len(fitted) == 2 and min(fitted) <= generic[arch] <= max(fitted)
+
+
 def test_defaults_and_derived_counts():
     plan = Plan(dp=4, tp=2, pp=2, micro_batch=2, global_batch=64)
     assert plan.gpus == 16
