@@ -45,6 +45,8 @@ def guarded(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
+    # the library names Python arguments; on the command line they are options
+    text = text.replace("pass protocol='alpha-beta'", "pass --protocol alpha-beta")
     if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in text:
         text = f"{exc.filename}: {text}"
     return text[:500]
