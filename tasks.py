@@ -58,7 +58,27 @@ def setup(extras: str) -> Path:
             )
             _run(*pip, "torch")
     _run(*pip, "-e", f".[{extras}]", cwd=ROOT)
+    write_lab_overrides(VENV)
     return py
+
+
+# JupyterLab defaults for this environment: widget state saved with the notebook, so a saved
+# lab reopens showing its explorers' last figures instead of "model not found".
+LAB_OVERRIDES = {"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": True}}
+
+
+def write_lab_overrides(prefix: Path) -> Path:
+    """Merge ``LAB_OVERRIDES`` into ``<prefix>/share/jupyter/lab/settings/overrides.json``
+    (JupyterLab's per-environment defaults; a user's own settings still win)."""
+    import json
+
+    path = prefix / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current = json.loads(path.read_text()) if path.exists() else {}
+    for plugin, values in LAB_OVERRIDES.items():
+        current.setdefault(plugin, {}).update(values)
+    path.write_text(json.dumps(current, indent=2) + "\n")
+    return path
 
 
 def ensure_chromium() -> None:
@@ -78,11 +98,40 @@ def ensure_chromium() -> None:
         print("could not install Chromium: the browser tests will be skipped", flush=True)
 
 
+def _lab_command(py: Path, argv: list[str]) -> list[str]:
+    """``jupyter lab`` on labs/ as it must run here: as root it needs ``--allow-root`` (every
+    container, Binder-like images, CI machines), and with no display there is no browser to
+    open, so the URL JupyterLab prints (with its token) is the way in."""
+    cmd = [str(py), "-m", "jupyterlab", "--notebook-dir=labs", *argv]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in argv:
+        cmd.append("--allow-root")
+    headless = sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    if headless and not any(a.startswith("--no-browser") for a in argv):
+        cmd.append("--no-browser")
+    return cmd
+
+
 def lab(argv: list[str]) -> int:
     """Set up, then open JupyterLab on labs/ (extra arguments go to jupyter lab)."""
     py = setup("lab")
     os.chdir(ROOT)
-    return subprocess.call([str(py), "-m", "jupyterlab", "labs/", *argv])
+    cmd = _lab_command(py, argv)
+    print("+", " ".join(cmd), flush=True)
+    if "--no-browser" in cmd:
+        print("No browser to open here: open the http://127.0.0.1:... URL that JupyterLab "
+              "prints below (it carries the access token). Stop it with Ctrl-C.", flush=True)
+    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
+    server = subprocess.Popen(cmd, env=env)
+    try:
+        return server.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached JupyterLab too: let it shut down, then go
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.terminate()
+            server.wait()
+        return 0
 
 
 def test(argv: list[str]) -> int:

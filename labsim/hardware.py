@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -88,6 +88,12 @@ class GPU:
         return "volta" if cc < 8 else "ampere" if cc < 9 else "hopper" if cc < 10 else \
             "blackwell"
 
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["peak_flops"] = dict(self.peak_flops)
+        return (_gpu_from_fields, (values,))
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; ValueError if the chip has no such unit."""
         if not isinstance(dtype, str):
@@ -103,6 +109,10 @@ class GPU:
     def ridge_point(self, dtype: str = "bf16") -> float:
         """Arithmetic intensity (FLOP/byte) where the roofline turns compute-bound."""
         return self.peak(dtype) / self.memory_bandwidth_Bps
+
+
+def _gpu_from_fields(values: dict) -> GPU:
+    return GPU(**values)
 
 
 @dataclass(frozen=True)

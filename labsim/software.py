@@ -37,7 +37,7 @@ Fields:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 from labsim.hardware import GPU
@@ -81,6 +81,12 @@ class SoftwareProfile:
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["sustained"] = dict(self.sustained)
+        return (_profile_from_fields, (values,))
+
     def sustained_for(self, gpu: GPU) -> float:
         """The sustained fraction on ``gpu``'s generation (the generic profile's if the
         profile was not calibrated there)."""
@@ -90,6 +96,10 @@ class SoftwareProfile:
 # No framework in particular: the calibrated profiles' values, rounded (Ampere: Megatron-LM
 # 0.804 and FSDP 0.794; Hopper: Megatron-Core 0.731 and FSDP 0.642, midway); Volta and
 # Blackwell have no calibration run and take their neighbour's.
+def _profile_from_fields(values: dict) -> SoftwareProfile:
+    return SoftwareProfile(**values)
+
+
 GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
                                       "blackwell": 0.69})
 

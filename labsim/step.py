@@ -258,7 +258,17 @@ class StepResult:
         chunked = self.plan.virtual_stages > 1
         return Trace((Span(s, stream, kind, a, b, label if isinstance(label, str) else
                            _label(label, chunked), nbytes)
-                      for s, stream, kind, a, b, label, nbytes in self.spans), detail="op")
+                      for s, stream, kind, a, b, label, nbytes in self.spans), detail="op",
+                     rank_label="pipeline stage")
+
+    def __getstate__(self) -> dict:
+        """Pickle the spans, not the engine that can build them (to send a result from a
+        worker process)."""
+        state = dict(self.__dict__)
+        state["span_source"] = self.spans
+        for built in ("spans", "trace"):
+            state.pop(built, None)
+        return state
 
     @property
     def peak_memory_bytes(self) -> float:

@@ -45,9 +45,11 @@ class Span:
 class Trace:
     """An ordered collection of ``Span`` with summaries and Chrome-trace export."""
 
-    def __init__(self, spans: Iterable[Span] = (), detail: str = "full") -> None:
+    def __init__(self, spans: Iterable[Span] = (), detail: str = "full",
+                 rank_label: str = "rank") -> None:
         self.spans: list[Span] = list(spans)
         self.detail = detail  # "full" (every transfer), or a coarser summary level
+        self.rank_label = rank_label  # what a rank is: "rank", "pipeline stage", "worker"...
 
     def add(self, rank: int, stream: str, kind: str, start_s: float, end_s: float,
             label: str = "", nbytes: float = 0.0, **args: object) -> Span:
@@ -93,7 +95,7 @@ class Trace:
             (s for s in self.spans
              if (rank is None or s.rank == rank) and (stream is None or s.stream == stream)
              and (kind is None or s.kind == kind)),
-            self.detail,
+            self.detail, self.rank_label,
         )
 
     def busy_s(self, rank: int | None = None, kind: str | None = None) -> float:
@@ -112,29 +114,53 @@ class Trace:
     def to_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.spans]
 
+    def lanes(self) -> dict[tuple[int, str], list[list[Span]]]:
+        """The spans of each (rank, stream) split into lanes, each a time-ordered list of spans
+        that do not overlap: concurrent flows of one stream (a rank's eight ring channels) get
+        a lane each, as a trace viewer needs, since it draws overlap on one track as nesting."""
+        out: dict[tuple[int, str], list[list[Span]]] = {}
+        for s in sorted(self.spans, key=lambda sp: (sp.rank, sp.stream, sp.start_s, -sp.end_s)):
+            lanes = out.setdefault((s.rank, s.stream), [])
+            for lane in lanes:
+                if lane[-1].end_s <= s.start_s:
+                    lane.append(s)
+                    break
+            else:
+                lanes.append([s])
+        return out
+
     def to_chrome(self, path: str | Path | None = None) -> dict:
-        """Chrome trace-event JSON (one "X" event per span, times in µs); write it to ``path``."""
-        streams: dict[tuple[int, str], int] = {}
+        """Chrome trace-event JSON (one "X" event per span, times in µs) that Perfetto and
+        chrome://tracing open: a process per rank (named by ``rank_label``), a thread per
+        stream and lane (``lanes``); written to ``path`` atomically when given."""
         events: list[dict] = []
         for rank in self.ranks:
             events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
-                           "args": {"name": f"rank {rank}"}})
-        for s in self.spans:
-            key = (s.rank, s.stream)
-            if key not in streams:
-                streams[key] = len([k for k in streams if k[0] == s.rank]) + 1
-                events.append({"name": "thread_name", "ph": "M", "pid": s.rank,
-                               "tid": streams[key], "args": {"name": s.stream}})
-            args = dict(s.args)
-            if s.nbytes:
-                args["bytes"] = s.nbytes
-            events.append({
-                "name": s.label or s.kind, "cat": s.kind, "ph": "X",
-                "ts": s.start_s * 1e6, "dur": s.duration_s * 1e6,
-                "pid": s.rank, "tid": streams[key], "args": args,
-            })
+                           "args": {"name": f"{self.rank_label} {rank}"}})
+        tids: dict[int, int] = defaultdict(int)
+        for (rank, stream), lanes in self.lanes().items():
+            for i, lane in enumerate(lanes):
+                tids[rank] += 1
+                name = stream if len(lanes) == 1 else f"{stream} {i + 1}/{len(lanes)}"
+                events.append({"name": "thread_name", "ph": "M", "pid": rank,
+                               "tid": tids[rank], "args": {"name": name}})
+                for s in lane:
+                    args = dict(s.args)
+                    if s.nbytes:
+                        args["bytes"] = s.nbytes
+                    events.append({
+                        "name": s.label or s.kind, "cat": s.kind, "ph": "X",
+                        "ts": s.start_s * 1e6, "dur": s.duration_s * 1e6,
+                        "pid": rank, "tid": tids[rank], "args": args,
+                    })
         doc = {"traceEvents": events, "displayTimeUnit": "ms",
                "otherData": {"detail": self.detail}}
         if path is not None:
-            Path(path).write_text(json.dumps(doc), encoding="utf-8")
+            path = Path(path)
+            if not path.parent.is_dir():
+                raise ValueError(f"cannot write the trace to {str(path)!r}: the folder "
+                                 f"{str(path.parent)!r} does not exist")
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(doc), encoding="utf-8")
+            tmp.replace(path)
         return doc

@@ -28,6 +28,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    """A solution notebook's cell that passed but wrote to stderr fails: a warning a learner
+    cannot act on is noise in their lab (nbval keeps each cell's outputs on the item)."""
+    outcome = yield
+    report = outcome.get_result()
+    if (call.when != "call" or report.outcome != "passed" or item.path.suffix != ".ipynb"
+            or item.path.parent.name != "solutions"):
+        return
+    noise = [str(o.get("text", "")) for o in getattr(item, "test_outputs", None) or []
+             if o.get("output_type") == "stream" and o.get("name") == "stderr"
+             and str(o.get("text", "")).strip()]
+    if noise:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.name} wrote to stderr (a warning or message the learner "
+                           f"cannot act on; fix its cause or silence it where it is made):\n"
+                           + "".join(noise)[-2000:])
+
+
 def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbformat.NotebookNode:
     """Build a notebook from (kind, source[, metadata]) tuples; kind is 'code' or 'markdown'."""
     nb = nbformat.v4.new_notebook()

@@ -206,6 +206,16 @@ def _check_texts(nb: dict) -> list[str]:
     return ["".join("".join(o.get("text", "")) for o in c.get("outputs", [])) for c in cells]
 
 
+def widget_figures(page) -> int:
+    """How many figures (images) the output area of the first widget shows."""
+    return page.evaluate(
+        """() => {
+          const slider = document.querySelector('.jp-OutputArea .widget-slider');
+          if (!slider) return -1;
+          return slider.closest('.jp-OutputArea').querySelectorAll('img').length;
+        }""")
+
+
 def test_solution_runs_clean_and_its_widget_reacts(browser, server) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page, nb = open_and_run_all(browser, server, _copy(server, "solutions", LAB))
@@ -215,9 +225,40 @@ def test_solution_runs_clean_and_its_widget_reacts(browser, server) -> None:
         assert checks and all(t.startswith("PASS ") for t in checks), checks
         shown = page.inner_text(".jp-Notebook")
         assert all(t.strip() in shown for t in checks)
+        assert widget_figures(page) == 1, "the widget cell should show exactly one figure"
         assert widget_reacts(page), "the widget did not change when its slider moved"
+        page.wait_for_selector(IDLE, timeout=60_000)
+        page.wait_for_timeout(1000)  # the redraw runs just after the change
+        assert widget_figures(page) == 1, "a redraw left other than one figure on show"
     finally:
         page.screenshot(path=str(ARTIFACTS / f"{LAB}-solution.png"), full_page=True)
+        page.close()
+
+
+def test_a_saved_lab_reopens_showing_its_figures(browser, server) -> None:
+    """Run, save, close, open again (the kernel gone): the explorer shows its last figure
+    from the saved widget state, not "Error displaying widget: model not found"."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    relpath = _copy(server, "solutions", LAB).replace(f"{LAB}.ipynb", f"{LAB}-reopen.ipynb")
+    shutil.copy(server[1] / "solutions" / f"{LAB}.ipynb", server[1] / relpath)
+    page, nb = open_and_run_all(browser, server, relpath)
+    page.close()
+    assert nb["metadata"].get("widgets"), "the widget state was not saved with the notebook"
+    base, token = server[0].split("|")
+    requests = urllib.request.Request(f"{base}/api/sessions?token={token}")
+    for session in json.loads(urllib.request.urlopen(requests, timeout=10).read()):
+        urllib.request.urlopen(urllib.request.Request(  # shut the kernel down
+            f"{base}/api/sessions/{session['id']}?token={token}", method="DELETE"), timeout=10)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/workspaces/reopen/tree/{relpath}?reset&token={token}")
+        page.wait_for_selector(f"{PANEL} .jp-Cell", timeout=120_000)
+        page.wait_for_timeout(3000)
+        text = page.inner_text(".jp-Notebook")
+        assert "model not found" not in text and "Error displaying widget" not in text
+        assert widget_figures(page) >= 1, "the reopened explorer shows no figure"
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"{LAB}-reopened.png"), full_page=True)
         page.close()
 
 

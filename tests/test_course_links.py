@@ -12,7 +12,14 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from labsim.course.links import REPOSITORY, SETUP_CELL, binder_url, colab_url
+from labsim.course.links import (
+    RELEASE,
+    REPOSITORY,
+    SETUP_CELL,
+    binder_url,
+    colab_url,
+    restart_note,
+)
 
 from .conftest import ROOT
 
@@ -58,8 +65,62 @@ def test_setup_cell_installs_the_package_on_colab_only(monkeypatch) -> None:
     assert magic == "pip"
     words = shlex.split(line)  # as the shell will see it
     assert words[:2] == ["install", "-q"]
-    assert words[2:] == [f"labsim @ git+https://github.com/{REPOSITORY}"]
+    assert words[2:] == [f"labsim @ git+https://github.com/{REPOSITORY}@{RELEASE}"]
     assert "torch" not in line  # Colab keeps its own CUDA torch
+
+
+def test_the_pinned_release_is_this_version() -> None:
+    import labsim
+
+    assert RELEASE == f"v{labsim.__version__}"
+
+
+def test_restart_note_says_when_a_loaded_package_changed() -> None:
+    import numpy
+
+    assert "no restart" in restart_note({"numpy": numpy.__version__})
+    note = restart_note({"numpy": "0.0.1"})
+    assert "restart the runtime" in note and f"0.0.1 -> {numpy.__version__}" in note
+
+
+def test_core_install_leaves_preinstalled_packages_alone() -> None:
+    """The core dependencies are what a learner's kernel needs: no notebook-running or
+    grading tool (those are the `grade` extra), and ranges Colab's own torch, ipywidgets and
+    ipykernel satisfy (nothing pins them above what Colab ships)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=;\[ ]", d, maxsplit=1)[0] for d in project["dependencies"]}
+    assert not names & {"nbformat", "nbclient", "nbval", "pytest", "ipykernel", "jupyterlab"}
+    spec = {re.split(r"[<>=;\[ ]", d, maxsplit=1)[0]: d for d in project["dependencies"]}
+    assert spec["torch"] == "torch>=2.2" and spec["ipywidgets"] == "ipywidgets>=7.6"
+    assert {"nbformat", "nbclient", "nbval", "pytest"} <= {
+        re.split(r"[<>=;\[ ]", d, maxsplit=1)[0]
+        for d in project["optional-dependencies"]["grade"]}
+
+
+def test_the_library_imports_without_the_course_tools(tmp_path: Path) -> None:
+    """What a lab imports works where nbformat, nbclient and nbval are not installed, and the
+    command line says which extra a course tool needs instead of a traceback."""
+    import subprocess
+
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('nbformat', 'nbclient', 'nbval'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n")
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    code = ("import labsim, labsim.plots, labsim.widgets, labsim.lab, labsim.experiments, "
+            "labsim.parallel, labsim.checks, labsim.course.links\n"
+            "from labsim.cli import main\n"
+            "assert main(['hardware']) == 0\n"
+            "assert main(['release', '--check']) == 2\n")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "labsim[grade]" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_the_setup_cell_quotes_every_version_specifier() -> None:
@@ -85,5 +146,5 @@ def test_readme_has_a_colab_and_a_binder_badge_for_every_lab() -> None:
 def test_binder_config_asks_for_a_cpu_torch_and_the_course() -> None:
     requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert any(re.fullmatch(r"torch==[\d.]+\+cpu", r.strip()) for r in requirements)
-    assert "-e .[lab]" in [r.strip() for r in requirements]
+    assert "-e .[lab,grade]" in [r.strip() for r in requirements]
     assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.11"

@@ -87,3 +87,60 @@ def test_real_loader_matches_simulation():
         pytest.skip(f"machine busy (load average {load:.1f} on {cores} cores): "
                     f"real-vs-simulated needs a quiet CPU; outside 10 %: {failures}")
     assert not failures, f"real and simulated busy fractions differ by > 10 %: {failures}"
+
+
+INTERRUPTED = r'''
+import os, signal, threading, time
+from pathlib import Path
+
+import torch
+from labsim.experiments.loading import measure_loader
+from labsim.lab.datasets import SyntheticImages
+from labsim.lab.models import TrainStep
+
+def children():
+    me = str(os.getpid())
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(l.split(":", 1) for l in status.read_text().splitlines() if ":" in l)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == me and "Z" not in fields.get("State", ""):
+            found.append(status.parent.name)
+    return found
+
+data = SyntheticImages(256, side_px=512, seed=0)
+started = []
+
+def interrupt():
+    started.append(len(children()))  # the workers running when Ctrl-C comes
+    os.kill(os.getpid(), signal.SIGINT)
+
+threading.Timer(2.0, interrupt).start()
+try:
+    measure_loader(data, TrainStep(), batch_size=4, num_workers=2)
+except KeyboardInterrupt:
+    pass
+else:
+    raise SystemExit("not interrupted")
+print("running at Ctrl-C:", started[0])
+deadline = time.monotonic() + 10
+while children() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("left:", len(children()))
+'''
+
+
+@pytest.mark.multiprocess
+def test_an_interrupted_loader_leaves_no_worker_behind(tmp_path) -> None:
+    """Ctrl-C (KeyboardInterrupt) in the middle of a DataLoader measurement, as in a notebook
+    cell, shuts its worker processes down: none is left for the next cell to reap."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "running at Ctrl-C: 2" in run.stdout, run.stdout + run.stderr[-2000:]
+    assert run.stdout.strip().endswith("left: 0"), run.stdout + run.stderr[-2000:]

@@ -123,3 +123,12 @@ def lingers(rank, world):
     # results, not LaunchTimeout: the grace period ended the launch, and the workers are gone
     assert list(launch(ns["lingers"], 2, timeout_s=120)) == [0, 1]
     assert _workers_alive() == []
+
+
+def test_progress_shows_ranks_finishing(capsys) -> None:
+    """With a label, the launch shows a bar that ends at every rank done (stderr outside a
+    notebook; a widget in one)."""
+    assert list(launch("labsim.checks.collectives.reference:demo", 2, timeout_s=120,
+                       progress="ring demo")) == [0.0, 0.0]
+    err = capsys.readouterr().err
+    assert "ring demo" in err and "2/2" in err

@@ -31,3 +31,11 @@ def test_no_roof_is_an_error() -> None:
 def test_figure_shows_itself_once_as_png() -> None:
     fig = roofline(["H100-SXM"])
     assert fig._repr_png_().startswith(b"\x89PNG")
+
+
+def test_labels_of_neighbouring_points_do_not_overprint() -> None:
+    fig = roofline(["A100-80GB"], [("matmul 512", 85.0, 5e10), ("matmul 513", 86.0, 5.1e10),
+                                    ("add 1M", 0.08, 8e8)])
+    offsets = {t.get_text(): t.xyann[1] for t in fig.axes[0].texts}
+    assert offsets["matmul 512"] != offsets["matmul 513"]
+    assert offsets["add 1M"] == offsets["matmul 512"]  # far apart: the usual place

@@ -26,11 +26,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(f"labsim.cli.{module_name}")
+        try:
+            module = importlib.import_module(f"labsim.cli.{module_name}")
+        except ModuleNotFoundError as exc:  # a course tool whose extra is not installed
+            p = sub.add_parser(name, help=help_text, add_help=False, prefix_chars="\0")
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+            p.set_defaults(_run=_needs_extra(name, exc.name or "a dependency"))
+            continue
         p = sub.add_parser(name, help=help_text, description=module.__doc__)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _needs_extra(command: str, missing: str):  # noqa: ANN202 - a sub-command's run()
+    def run(args: argparse.Namespace) -> int:
+        raise ValueError(f"`labsim {command}` needs {missing}, which is not installed: "
+                         f"pip install 'labsim[grade]'")
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

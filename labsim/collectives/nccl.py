@@ -90,6 +90,16 @@ class NcclPhysics:
         return hash((tuple(self.latency_scale.items()), tuple(self.saturation.items()),
                      self.ring_fill, self.tree_fill, self.nvls_fill))
 
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        return (_physics, (dict(self.latency_scale), dict(self.saturation), self.ring_fill,
+                           self.tree_fill, self.nvls_fill))
+
+
+def _physics(latency_scale: dict, saturation: dict, ring: float, tree: float,
+             nvls: float) -> NcclPhysics:
+    return NcclPhysics(_frozen(latency_scale), _frozen(saturation), ring, tree, nvls)
+
 
 PHYSICS = NcclPhysics()
 

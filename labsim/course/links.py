@@ -6,20 +6,55 @@ Forks change ``REPOSITORY`` (and the README badges, which a test checks against 
 
 from __future__ import annotations
 
+import importlib.metadata
+import sys
 from urllib.parse import quote
 
 REPOSITORY = "gpu-training-lab/labsim"  # GitHub owner/name
 BRANCH = "main"
+RELEASE = "v0.1.0"  # the git tag of the release the labs install on Colab (= __version__)
 
 SETUP_CELL = (
-    "# Setup: on Colab this installs the course package; anywhere else it does nothing.\n"
+    "# Setup: on Colab this installs the course (a pinned release); elsewhere it does nothing.\n"
     "import sys\n"
     'if "google.colab" in sys.modules:\n'
-    f'    %pip install -q "labsim @ git+https://github.com/{REPOSITORY}"'
+    f'    %pip install -q "labsim @ git+https://github.com/{REPOSITORY}@{RELEASE}"\n'
+    "    from labsim.course.links import restart_note\n"
+    "    print(restart_note())"
 )
-"""The first code cell of every lab. On Colab it installs the package and keeps Colab's own
-torch (labsim accepts any torch >= 2.2); the requirement is quoted because ``!pip`` and
-``%pip`` lines pass through a shell, where a bare ``>=`` would be a redirect."""
+"""The first code cell of every lab.  On Colab it installs the release ``RELEASE`` with the
+core dependencies only, whose ranges Colab's preinstalled torch, ipykernel and ipywidgets
+satisfy (so none is upgraded), and says whether the runtime must be restarted.  The
+requirement is quoted because ``%pip`` lines pass through a shell, where a bare ``>=`` or
+``@`` could be misread."""
+
+# packages a notebook runtime has loaded before the setup cell runs: an install that changes
+# one of them takes effect only after a restart
+_LOADED = {"numpy": "numpy", "torch": "torch", "ipywidgets": "ipywidgets",
+           "matplotlib": "matplotlib", "ipykernel": "ipykernel", "PIL": "pillow"}
+
+
+def restart_note(loaded: dict[str, str] | None = None) -> str:
+    """One line for the setup cell: whether the packages this runtime had already imported
+    (``loaded``: module name -> version; default: what ``sys.modules`` holds) still match what
+    is installed, or which changed and that the runtime must be restarted."""
+    if loaded is None:
+        loaded = {m: str(getattr(sys.modules[m], "__version__", ""))
+                  for m in _LOADED if m in sys.modules}
+    changed = []
+    for module, version in sorted(loaded.items()):
+        try:
+            installed = importlib.metadata.version(_LOADED.get(module, module))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if version and installed.split("+")[0] != version.split("+")[0]:
+            changed.append(f"{module} {version} -> {installed}")
+    if changed:
+        return ("The install changed packages this runtime had already loaded ("
+                + ", ".join(changed) + "): restart the runtime (Runtime > Restart session), "
+                "then run the notebook again from the top.")
+    return (f"labsim {importlib.metadata.version('labsim')} is installed; nothing this runtime "
+            "had loaded was changed, so no restart is needed.")
 
 
 def colab_url(notebook: str) -> str:

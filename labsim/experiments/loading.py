@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -150,14 +151,24 @@ def measure_loader(dataset: Any, step: Callable[[Any], Any], *, batch_size: int,
         dataset = Subset(dataset, range(min(len(dataset), steps * batch_size)))
     if num_workers == 0:
         prefetch_factor, persistent_workers, multiprocessing_context = None, False, None
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, prefetch_factor=prefetch_factor,
-                        pin_memory=pin_memory, persistent_workers=persistent_workers,
-                        multiprocessing_context=multiprocessing_context, drop_last=True)
+    with warnings.catch_warnings():
+        # more workers than this machine's cores is what some settings set out to show; the
+        # lab says so, PyTorch's "suggested max number of worker" warning is noise there
+        warnings.filterwarnings("ignore", message=".*DataLoader will create", category=UserWarning)
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                            num_workers=num_workers, prefetch_factor=prefetch_factor,
+                            pin_memory=pin_memory, persistent_workers=persistent_workers,
+                            multiprocessing_context=multiprocessing_context, drop_last=True)
+    iterators: list[Any] = []
 
     def all_epochs() -> Iterable[Any]:
         for _ in range(epochs):
-            yield from loader
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*DataLoader will create",
+                                        category=UserWarning)
+                it = iter(loader)
+            iterators.append(it)
+            yield from it
 
     loads: list[float] = []
     handovers: list[float] = []
@@ -175,7 +186,15 @@ def measure_loader(dataset: Any, step: Callable[[Any], Any], *, batch_size: int,
         last_end[0] = time.perf_counter()
         return out
 
-    wait_s, step_s = timer(all_epochs(), recorded_step, sync=sync)
+    batches = all_epochs()
+    try:
+        wait_s, step_s = timer(batches, recorded_step, sync=sync)
+    finally:  # an interrupted cell leaves no worker process behind
+        batches.close()
+        for it in iterators:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
     timed = len(loads) == len(step_s)
     return LoopTimes(tuple(wait_s), tuple(step_s), label, tuple(loads) if timed else (),
                      tuple(handovers) if timed else ())

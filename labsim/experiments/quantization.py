@@ -6,12 +6,14 @@ notebook cell shows a readable table without printing from library code.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 import importlib.util
 import io
+import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +103,18 @@ def pytorch_dynamic_int8(model: nn.Module) -> tuple[nn.Module, str]:
     return qmodel, " | ".join(notes)
 
 
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Raise logger ``name``'s level to ERROR for the duration (import-time chatter)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def torchao_int8(model: nn.Module, weight_only: bool = False) -> tuple[nn.Module | None, str]:
     """torchao's int8 (dynamic activations + int8 weights, or weight-only) if installed.
 
@@ -109,12 +123,16 @@ def torchao_int8(model: nn.Module, weight_only: bool = False) -> tuple[nn.Module
     if importlib.util.find_spec("torchao") is None:
         return None, "torchao is not installed (pip install torchao; it does not pull a torch)"
     try:
-        import torchao
-        from torchao.quantization import (
-            Int8DynamicActivationInt8WeightConfig,
-            Int8WeightOnlyConfig,
-            quantize_,
-        )
+        with warnings.catch_warnings(), _quiet_logger("torchao"):
+            # torchao warns at import when its C++ kernels do not match this torch build; the
+            # Python paths used here work without them, so the learner cannot act on it
+            warnings.simplefilter("ignore")
+            import torchao
+            from torchao.quantization import (
+                Int8DynamicActivationInt8WeightConfig,
+                Int8WeightOnlyConfig,
+                quantize_,
+            )
 
         qmodel = copy.deepcopy(model)
         config = Int8WeightOnlyConfig() if weight_only else Int8DynamicActivationInt8WeightConfig()

@@ -45,13 +45,14 @@ def rank_device() -> torch.device:
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    """A human name: 'NVIDIA H100 80GB HBM3', 'Apple MPS' or 'CPU (2 threads)'."""
+    """A human name: 'NVIDIA H100 80GB HBM3', 'Apple MPS', 'CPU (2 threads)' or 'CPU (1 thread)'."""
     device = torch.device(device) if device is not None else pick_device()
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "mps":
         return "Apple MPS"
-    return f"CPU ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"CPU ({threads} thread{'s' if threads != 1 else ''})"
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -36,6 +36,7 @@ args=(learner_fn, cases))``) so one launch runs every case.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -148,13 +149,15 @@ def _tail(path: Path, limit: int = 3000) -> str:
 def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any] = (),
            kwargs: Mapping[str, Any] | None = None, backend: str | None = None,
            timeout_s: float = 60.0, env: Mapping[str, str] | None = None,
-           threads_per_worker: int = 1) -> LaunchResult:
+           threads_per_worker: int = 1, progress: str | None = None) -> LaunchResult:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``nprocs`` processes; see module doc.
 
     ``fn`` may also be ``"package.module:function"``.  ``backend``: "gloo" (default on CPU)
     or "nccl" (default when each worker can have its own CUDA GPU).  ``threads_per_worker``
     sets torch's intra-op threads in each worker (1 keeps N workers from fighting over a
-    few cores).  Return values must be picklable (tensors are fine).
+    few cores).  ``progress``: a label to show a progress bar under (ranks finished, seconds
+    so far; a widget in a notebook), or None for none.  Return values must be picklable
+    (tensors are fine).
     """
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be a whole number >= 1, got {nprocs!r}")
@@ -193,7 +196,8 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
                          "--result", str(results[r])],
                         env=wenv, stdout=log, stderr=subprocess.STDOUT,
                         start_new_session=True))
-            _wait(procs, results, logs, start, timeout_s)
+            with _progress_bar(progress, nprocs) as bar:
+                _wait(procs, results, logs, start, timeout_s, bar)
         finally:
             _kill(procs)
         outcomes = [_read(p) for p in results]
@@ -223,13 +227,35 @@ def _settle(procs: Sequence[subprocess.Popen], seconds: float) -> None:
         time.sleep(0.02)
 
 
+class _Bar(Protocol):
+    n: int
+
+    def update(self, n: int) -> object: ...
+    def set_postfix_str(self, s: str, refresh: bool = True) -> object: ...
+
+
+@contextlib.contextmanager
+def _progress_bar(label: str | None, nprocs: int) -> Iterator[_Bar | None]:
+    if label is None:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=nprocs, desc=label, unit="rank", leave=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
 def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
-          start: float, timeout_s: float) -> None:
+          start: float, timeout_s: float, bar: _Bar | None = None) -> None:
     """Block until every worker is done; raise on a worker's error, a crash or the timeout.
 
     A worker that has written its result but does not exit (stuck tearing down its process
     group) is given ``EXIT_GRACE_S`` and then killed by the caller: its result stands."""
     all_written: float | None = None
+    shown = 0.0
     while True:
         codes = [p.poll() for p in procs]
         error = _first_error(results)
@@ -239,6 +265,12 @@ def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequ
             _settle(procs, ERROR_SETTLE_S)
             rank, outcome = _first_error(results) or error
             raise WorkerError(rank, outcome.traceback, outcome.exc_type)
+        if bar is not None and time.perf_counter() - shown >= 0.5:  # twice a second
+            shown = time.perf_counter()
+            done = sum(r.exists() for r in results)
+            if done > bar.n:
+                bar.update(done - bar.n)
+            bar.set_postfix_str(f"{shown - start:.0f} s")
         if all_written is None and all(r.exists() for r in results):
             all_written = time.perf_counter()
         if all_written is not None and time.perf_counter() - all_written > EXIT_GRACE_S:

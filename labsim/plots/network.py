@@ -30,20 +30,32 @@ def link_utilisation(result: CollectiveResult, *, ax: Axes | None = None,
         ax = fig.subplots()
     else:
         fig = ax.figure
-    start = 0
-    for name, values in groups:
-        x = np.arange(start, start + len(values))
-        if len(util) <= 96:
+    groups = [(name, values) for name, values in groups if len(values)]
+    if len(util) <= 96:  # one bar per link direction, the groups side by side
+        start, centres = 0, []
+        for name, values in groups:
+            x = np.arange(start, start + len(values))
             ax.bar(x, values, width=0.85, label=f"{name} (mean {values.mean():.0%})")
-        else:
-            ax.plot(x, values, lw=1, label=f"{name} (mean {values.mean():.0%})")
-        start += len(values) + max(1, len(util) // 50)
+            centres.append(start + (len(values) - 1) / 2)
+            start += len(values) + 1
+        ax.set_xticks(centres, [f"{name}\n({len(v)})" for name, v in groups], fontsize=8)
+        ax.set_xlabel("link directions, by kind (how many)")
+    else:  # too many to draw one by one: each kind's mean, with its least and most loaded
+        names = [name for name, _ in groups]
+        means = np.array([v.mean() for _, v in groups])
+        lows = means - np.array([v.min() for _, v in groups])
+        highs = np.array([v.max() for _, v in groups]) - means
+        ax.bar(range(len(groups)), means, yerr=[lows, highs], capsize=6, width=0.6,
+               color=[f"C{i}" for i in range(len(groups))])
+        ax.set_xticks(range(len(groups)),
+                      [f"{n}\n({len(v)}: mean {v.mean():.0%}, min {v.min():.0%}, "
+                       f"max {v.max():.0%})" for n, (_, v) in zip(names, groups)], fontsize=8)
+        ax.set_xlabel("link directions, by kind (bar: mean; whiskers: least and most loaded)")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("utilisation")
-    ax.set_xlabel("link direction (GPU ports, then NICs)")
-    ax.set_xticks([])
     ax.set_title(title or f"{result.op} {result.algorithm} on {c.name}: link utilisation",
                  fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    if len(util) <= 96:
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig

@@ -21,6 +21,17 @@ from labsim.units import fmt_flops
 Point = tuple[str, float, float]
 
 
+def _label_offset_pt(intensity: float, achieved: float,
+                     placed: list[tuple[float, float]]) -> float:
+    """Vertical offset (points) of a point's label, moved down a line for every label already
+    placed close by (within 0.35 decades across and 0.25 decades up or down), so labels of
+    neighbouring points do not print over each other."""
+    x, y = np.log10(max(intensity, 1e-30)), np.log10(max(achieved, 1e-30))
+    near = sum(1 for px, py in placed if abs(px - x) < 0.35 and abs(py - y) < 0.25)
+    placed.append((x, y))
+    return -10.0 - 9.0 * near
+
+
 def roofline(
     roofs: Iterable[Roofline | str] = ("A100-80GB", "H100-SXM"),
     points: Sequence[Point] = (),
@@ -58,12 +69,14 @@ def roofline(
                         f"{roof.ridge_point:.3g} FLOP/B")
         ax.plot([roof.ridge_point], [roof.peak_flops], "o", color=c, ms=4)
     groups: dict[str, str] = {}
+    placed: list[tuple[float, float]] = []  # label anchors, in decades (log10 x, log10 y)
     for label, intensity, achieved in points:
         group = label.split()[0] if label.split() else label
         if group not in groups:
             groups[group] = colours[(len(lines) + len(groups)) % len(colours)]
         ax.plot([intensity], [achieved], "x", color=groups[group], ms=8, mew=2)
-        ax.annotate(label, (intensity, achieved), textcoords="offset points", xytext=(4, -10),
+        ax.annotate(label, (intensity, achieved), textcoords="offset points",
+                    xytext=(4, _label_offset_pt(intensity, achieved, placed)),
                     fontsize=7, color=groups[group])
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")

@@ -193,7 +193,7 @@ def time_by_kind(spans: list[RawSpan], rank: int) -> dict[str, float]:
 
 def build_trace(spans: list[RawSpan], chunked: bool) -> Trace:
     """Turn the raw spans of a run into a ``Trace`` (built only when asked for)."""
-    return Trace((sp.to_span(chunked) for sp in spans), detail="op")
+    return Trace((sp.to_span(chunked) for sp in spans), detail="op", rank_label="pipeline stage")
 
 
 @dataclass(frozen=True)

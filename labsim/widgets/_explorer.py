@@ -1,21 +1,31 @@
 """The one shape every explorer has: controls over a pure figure function.
 
-``Explorer`` is a ``VBox`` of controls and an output area. Each change of a control calls the
-figure function with the controls' values and shows the figure. Its display bundle carries,
-beside the live widget, a PNG of the current figure: front ends that cannot run widgets
-(GitHub, nbviewer, nbval, an exported notebook) show that static figure instead.
+``Explorer`` is a ``VBox`` of controls and one output area holding exactly one figure. A change
+of a control asks for a redraw; redraws are coalesced so that the latest state always wins: in
+a kernel the redraw runs ``DEBOUNCE_S`` later on a timer thread, so that every control change
+already queued (a slider dragged, keys held) is applied first and drawn once, and a change that
+arrives while a figure is being drawn is drawn next; sliders report only where they are
+released (``continuous_update=False``), so a drag does not flood the kernel. Outside a kernel
+(tests, scripts) a change redraws at once.
+
+Its display bundle carries, beside the live widget, a PNG of the current figure: front ends
+that cannot run widgets (GitHub, nbviewer, nbval, an exported notebook) show that static
+figure instead. Figures come from ``labsim.plots`` (never pyplot), so none is kept alive after
+it is replaced and none is shown twice.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as w
-from IPython.display import clear_output, display
 from matplotlib.figure import Figure
+
+DEBOUNCE_S = 0.05
 
 
 def figure_png(fig: Figure, dpi: int = 80) -> str:
@@ -25,8 +35,29 @@ def figure_png(fig: Figure, dpi: int = 80) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _display_data(figure: Figure) -> dict[str, Any]:
+    """The output a figure shows as (PNG and a text stand-in), for an ``Output`` widget."""
+    png = figure._repr_png_() if hasattr(figure, "_repr_png_") else None
+    if png is None:
+        buf = io.BytesIO()
+        figure.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        png = buf.getvalue()
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(png).decode("ascii"),
+                     "text/plain": f"<figure {figure.get_figwidth():g}x"
+                                   f"{figure.get_figheight():g} in>"}}
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (where widget changes arrive as comm messages)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
 class Explorer(w.VBox):
-    """Controls over ``figure_fn(**values)``; redraws on every change, PNG fallback included."""
+    """Controls over ``figure_fn(**values)``: one figure, redrawn for the latest values."""
 
     def __init__(self, figure_fn: Callable[..., Figure], controls: Mapping[str, w.Widget],
                  rows: tuple[int, ...] = (4,)) -> None:
@@ -39,22 +70,49 @@ class Explorer(w.VBox):
                 lines.append(w.HBox(widgets[start:start + size]))
             start += size
         super().__init__([*lines, self.out])
-        self.png = ""
         self.figure: Figure | None = None
+        self.draws = 0  # how many figures were drawn (a redraw per coalesced change)
+        self._png: tuple[int, str] = (-1, "")
+        self._pending = False
+        self._lock = threading.Lock()  # one figure is drawn at a time
         for control in self.controls.values():
-            control.observe(self.redraw, names="value")
+            if "continuous_update" in control.traits():
+                control.continuous_update = False
+            control.observe(self._changed, names="value")
         self.redraw()
 
     @property
     def values(self) -> dict[str, Any]:
         return {name: c.value for name, c in self.controls.items()}
 
+    @property
+    def png(self) -> str:
+        """Base64 PNG of the figure on show (made when first asked for, once per figure)."""
+        if self.figure is None:
+            return ""
+        if self._png[0] != self.draws:
+            self._png = (self.draws, figure_png(self.figure))
+        return self._png[1]
+
+    def _changed(self, _: Any = None) -> None:
+        if not _in_kernel():
+            self.redraw()
+        elif not self._pending:
+            self._pending = True
+            threading.Timer(DEBOUNCE_S, self._flush).start()
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._pending = False  # a change from now on asks for one more figure
+            self.redraw()
+
     def redraw(self, _: Any = None) -> None:
-        self.figure = self.figure_fn(**self.values)
-        self.png = figure_png(self.figure)
-        with self.out:
-            clear_output(wait=True)
-            display(self.figure)
+        """Draw the figure for the controls' values now, replacing the one on show (safe from
+        a thread: the output area is set, not captured)."""
+        figure = self.figure_fn(**self.values)
+        self.figure = figure
+        self.draws += 1
+        self.out.outputs = (_display_data(figure),)  # one update: never zero or two figures
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -1,0 +1,45 @@
+"""Profiling a real training step: every op's self time lands in one kind, the kinds the
+simulator uses, and the trace is Chrome trace-event JSON."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from labsim.experiments.profile import KINDS, op_kind, profile_step
+from labsim.lab.datasets import random_batch
+from labsim.lab.models import GPT
+from labsim.workload import Transformer
+
+
+def test_op_kinds() -> None:
+    assert op_kind("aten::addmm", False) == "matmul"
+    assert op_kind("aten::bmm", False) == "attention"
+    assert op_kind("aten::_scaled_dot_product_flash_attention_for_cpu", False) == "attention"
+    assert op_kind("aten::gelu", False) == "elementwise"
+    assert op_kind("aten::mul_", True) == "optimizer"
+    assert op_kind("autograd::engine::evaluate_function: MmBackward0", False) == "framework"
+
+
+def test_a_gpt_step_profile_sees_every_kind(tmp_path) -> None:
+    cfg = Transformer(layers=2, hidden=64, heads=4, seq_len=64, vocab=256)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    idx, targets = random_batch(cfg, 2, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+
+    prof = profile_step(step)
+    assert set(prof.seconds) == set(KINDS)
+    assert all(prof.seconds[k] > 0 for k in ("matmul", "attention", "elementwise", "optimizer"))
+    assert 0 < sum(prof.seconds.values()) <= prof.step_s * 1.05
+    assert abs(sum(prof.fractions.values()) - 1) < 1e-9
+    path = prof.to_chrome(tmp_path / "step.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)

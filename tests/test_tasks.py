@@ -1,0 +1,112 @@
+"""The README's main command, as a newcomer runs it: from a fresh clone, ``python3 tasks.py lab``
+sets everything up and serves ``labs/`` in JupyterLab (as root too, with no browser to open).
+
+The clone is of this checkout's last commit (what CI clones); the test waits until the server
+answers, lists the served folder and opens a lab through JupyterLab's REST API, then stops the
+command as a learner does, with Ctrl-C (SIGINT), and checks nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+SETUP_PATIENCE_S = 1500  # a fresh virtual environment: torch, JupyterLab and the course
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python3 tasks.py lab" in readme  # the command this test runs is the README's
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    port, token = _free_port(), secrets.token_hex(8)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.pop("DISPLAY", None)  # no browser to open: the command must say so and print the URL
+    log_path = tmp_path / "lab.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            ["python3", "tasks.py", "lab", f"--port={port}", "--ip=127.0.0.1",
+             f"--IdentityProvider.token={token}", "--LabApp.news_url="],
+            cwd=clone, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    base = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + SETUP_PATIENCE_S
+        while True:
+            try:
+                _get(f"{base}/status?token={token}")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("JupyterLab did not start:\n"
+                                + log_path.read_text(errors="replace")[-3000:])
+                time.sleep(1)
+        listing = _get(f"{base}/contents?token={token}")
+        names = {item["name"] for item in listing["content"]}
+        assert {p.name for p in (clone / "labs").glob("*.ipynb")} <= names
+        lab = _get(f"{base}/contents/00_why_gpus.ipynb?token={token}")
+        assert lab["type"] == "notebook" and lab["content"]["cells"]
+        output = log_path.read_text(errors="replace")
+        assert f"127.0.0.1:{port}" in output and token in output  # the URL a learner opens
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            assert "--allow-root" in output
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 30  # exited processes may take a moment to be reaped
+    while _alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(proc.pid), "processes of the lab command outlived Ctrl-C"
+    assert (clone / ".venv").is_dir()  # the clone set itself up, in its own environment
+
+
+def test_lab_overrides_merge_into_an_environment(tmp_path: Path) -> None:
+    """The JupyterLab defaults tasks.py writes (widget state saved with notebooks) merge with
+    what the environment's overrides.json already says."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tasks", ROOT / "tasks.py")
+    tasks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tasks)
+    path = tmp_path / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"other:plugin": {"x": 1}}))
+    assert tasks.write_lab_overrides(tmp_path) == path
+    written = json.loads(path.read_text())
+    assert written["other:plugin"] == {"x": 1}
+    assert written["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
+    assert "write_lab_overrides" in (ROOT / "binder" / "postBuild").read_text()
