@@ -288,3 +288,20 @@ def test_runs_that_trained_fit_in_memory():
     misses = [r.id for r in runs()
               if not simulate_step(r.model, r.cluster, r.plan, memory=True).fits]
     assert misses == ["dgxc2411_nemotron4_340b_bf16_128gpu"]  # docs/step.md: 85 of 80 GB
+
+
+def test_results_and_profiles_pickle_by_value_for_worker_processes():
+    import pickle
+
+    from labsim.collectives.nccl import PHYSICS
+    from labsim.software import PROFILES
+
+    for obj in (PROFILES["deepspeed-zero3-2021"], PHYSICS):
+        back = pickle.loads(pickle.dumps(obj))
+        assert back == obj and hash(back) == hash(obj)
+    plan = Plan(dp=2, pp=4, global_batch=16, software="megatron-core-te")
+    for face in (simulate_step, estimate_step):
+        r = face(SMALL, labsim.dgx_a100(1), plan)
+        back = pickle.loads(pickle.dumps(r))
+        assert back.step_time_s == r.step_time_s and back.breakdown == r.breakdown
+        assert len(back.trace) == len(r.trace)
