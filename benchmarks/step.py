@@ -1,72 +1,191 @@
-"""How long ``simulate_step`` takes to simulate one training step.
+"""The training-step model against published runs, and how fast it runs.
 
-    python benchmarks/step.py [--repeat N]
+    python benchmarks/step.py              # calibration and held-out tables
+    python benchmarks/step.py --fit        # refit every profile's sustained fraction
+    python benchmarks/step.py --speed      # simulate_step / estimate_step wall times
+    python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
 
-Prints the two goal cases (GPT-3 175B on 1536 A100, TP8 PP12 DP16, micro-batch 1, batch 1536:
-<= 0.5 s; 1T on 3072 A100, TP8 PP64, batch 3072: <= 2 s), then the simulation time against the
-pipeline size (pp x micro-batches) and against dp.  One data-parallel replica is simulated, so
-the cost grows with pp x m (x v) and not with dp.  Wall and CPU seconds are the best of
-``--repeat`` runs (the CPU figure is what a busy shared machine does not inflate); the trace is
-built lazily and is not part of the figure.
+Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
+GPU generation), the one sustained fraction that minimises the mean squared log error over
+that profile's calibration runs only (``labsim.published.runs()``, role "calibration");
+held-out runs are never used.  The values to paste into ``labsim.software`` are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import time
+from dataclasses import replace
+from types import MappingProxyType
+
+import numpy as np
 
 import labsim
+from labsim import software
 from labsim.plan import Plan
+from labsim.published import runs
 from labsim.sim.step import simulate_step
 
 
-def timed(model: labsim.Transformer, cluster: labsim.Cluster, plan: Plan,
-          repeat: int) -> tuple[float, float, object]:
-    best_wall = best_cpu = float("inf")
-    result = None
-    for _ in range(repeat):
-        wall, cpu = time.perf_counter(), time.process_time()
-        result = simulate_step(model, cluster, plan)
-        best_wall = min(best_wall, time.perf_counter() - wall)
-        best_cpu = min(best_cpu, time.process_time() - cpu)
-    return best_wall, best_cpu, result
+def predict(run, prof=None):
+    plan = run.plan if prof is None else replace(run.plan, software=prof)
+    return simulate_step(run.model, run.cluster, plan)
+
+
+def table() -> None:
+    print(f"{'role':<12} {'run':<46} {'stack':<22} {'GPUs':>5} {'measured':>9} "
+          f"{'predicted':>9} {'error':>7} {'memory GB':>10}")
+    summary = {}
+    for role in ("calibration", "held-out"):
+        errors = []
+        for run in runs():
+            if run.role != role:
+                continue
+            r = predict(run)
+            measured = run.measured_step_s()
+            error = r.step_time_s / measured - 1
+            errors.append(error)
+            mem = f"{r.memory.total / 1e9:.1f}/{r.gpu_memory_bytes / 1e9:.0f}" + (
+                "" if r.fits else " NO")
+            print(f"{role:<12} {run.id:<46} {run.plan_spec['software']:<22} {run.gpus:>5} "
+                  f"{measured:>8.3g}s {r.step_time_s:>8.3g}s {error:>+7.1%} {mem:>10}")
+        summary[role] = errors
+    for role, errors in summary.items():
+        a = [abs(e) for e in errors]
+        print(f"{role}: {len(a)} runs, median |error| {statistics.median(a):.1%}, "
+              f"max {max(a):.1%}, within 10 %: {sum(x <= 0.10 for x in a)}")
+
+
+def fit() -> None:
+    groups: dict[tuple[str, str], list] = {}
+    for run in runs():
+        if run.role == "calibration":
+            arch = labsim.gpu(run.gpu).arch
+            groups.setdefault((run.plan_spec["software"], arch), []).append(run)
+    for (name, arch), members in sorted(groups.items()):
+        base = software.PROFILES[name]
+
+        def loss(x: float, base=base, arch=arch, members=members) -> float:
+            prof = replace(base, sustained=MappingProxyType(dict(base.sustained, **{arch: x})))
+            return sum(math.log(predict(r, prof).step_time_s / r.measured_step_s()) ** 2
+                       for r in members) / len(members)
+
+        lo, hi = 0.4, 1.0  # golden-section search
+        g = (math.sqrt(5) - 1) / 2
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        fa, fb = loss(a), loss(b)
+        for _ in range(18):
+            if fa < fb:
+                hi, b, fb = b, a, fa
+                a = hi - g * (hi - lo)
+                fa = loss(a)
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + g * (hi - lo)
+                fb = loss(b)
+        x = (lo + hi) / 2
+        print(f"{name:<22} {arch:<8} sustained {x:.3f} (was {base.sustained.get(arch)}), rms "
+              f"log error {math.sqrt(loss(x)):.1%} on {len(members)} calibration runs")
+
+
+def speed(repeat: int) -> None:
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times)
+
+    one_t = labsim.Transformer.preset("megatron-1t")
+    gpt3 = labsim.Transformer.preset("gpt3-175b")
+    cases = [
+        ("1T, 3072 A100, TP8 PP64 DP6, batch 3072", one_t, labsim.dgx_a100(384),
+         Plan(dp=6, tp=8, pp=64, global_batch=3072, recompute="full",
+              software="megatron-lm-2021", precision="fp16")),
+        ("GPT-3 175B, 1536 A100, TP8 PP12 DP16", gpt3, labsim.dgx_a100(192),
+         Plan(dp=16, tp=8, pp=12, global_batch=1536, recompute="full",
+              software="megatron-lm-2021", precision="fp16")),
+        ("GPT-3 175B, 128 H100, TP4 PP8 v12 DP4 (MCore)", gpt3, labsim.dgx_h100(16),
+         Plan(dp=4, tp=4, pp=8, schedule="interleaved", virtual_stages=12, global_batch=256,
+              sequence_parallel=True, software="megatron-core-te", zero_stage=1)),
+    ]
+    print(f"{'case':<48} {'simulate_step s':>16} {'estimate_step ms':>17}")
+    for name, model, cluster, plan in cases:
+        sim = best(lambda m=model, c=cluster, p=plan: simulate_step(m, c, p, memory=False))
+        est = best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p))
+        print(f"{name:<48} {sim:>16.3f} {est * 1e3:>17.3f}")
+
+
+SOFTWARE = ("generic", "megatron-lm-2021", "megatron-core-te", "fsdp", "deepspeed-zero3-2021")
+
+
+def sample_plans(n: int, seed: int = 0, pcie: bool = False):
+    """``n`` random (model, cluster, plan) on DGX A100 / H100 nodes (``pcie``: PCIe boxes with
+    two NICs per node instead), drawn like ``tests/test_step.py``'s property test."""
+    rng = np.random.default_rng(seed)
+    models = [labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000),
+              labsim.Transformer.preset("gpt2-1.5b"), labsim.Transformer.preset("llama2-7b")]
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    out = []
+    while len(out) < n:
+        nodes = pick([1, 2, 4])
+        cluster = (labsim.pcie_box(nodes, nics_per_node=2) if pcie else
+                   pick([labsim.dgx_a100, labsim.dgx_h100])(nodes))
+        g = cluster.world_size
+        tp = pick([t for t in (1, 2, 4, 8) if t <= g])
+        pp = pick([p for p in (1, 2, 4, 8) if tp * p <= g])
+        schedule = pick(["1f1b", "gpipe", "interleaved"]) if pp > 1 else "1f1b"
+        v = 2 if schedule == "interleaved" else 1
+        m = pick([1, 2, 4, 8]) * (pp if v > 1 else 1)
+        mb = pick([1, 2, 4])
+        model = pick(models)
+        if model.layers < pp * v or model.heads % tp:
+            continue
+        plan = Plan(dp=g // (tp * pp), tp=tp, pp=pp, micro_batch=mb,
+                    global_batch=g // (tp * pp) * mb * m, schedule=schedule, virtual_stages=v,
+                    zero_stage=pick([0, 1, 2, 3] if pp == 1 and tp == 1 else [0, 1]),
+                    recompute=pick(["none", "selective", "full"]),
+                    sequence_parallel=tp > 1 and bool(rng.integers(2)),
+                    software=pick(SOFTWARE))
+        out.append((model, cluster, plan))
+    return out
+
+
+def agreement(n: int) -> None:
+    for pcie in (False, True):
+        errors = []
+        for model, cluster, plan in sample_plans(n, seed=0, pcie=pcie):
+            s = simulate_step(model, cluster, plan, memory=False).step_time_s
+            e = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
+            errors.append(abs(e / s - 1))
+        a = sorted(errors)
+        within = sum(x <= 0.02 for x in a) / len(a)
+        print(f"{'PCIe boxes, 2 NICs' if pcie else 'DGX A100/H100':<20} {n} plans: median "
+              f"|estimate/simulate - 1| {statistics.median(a):.2%}, 95th percentile "
+              f"{a[int(0.95 * (len(a) - 1))]:.2%}, max {a[-1]:.2%}, within 2 %: {within:.1%}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true")
+    parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-
-    print("Goal cases")
-    print(f"{'case':<36} {'ops':>7} {'wall s':>7} {'cpu s':>7} {'goal s':>6} {'step s':>8}")
-    gpt3 = labsim.Transformer.preset("gpt3-175b")
-    one_t = labsim.Transformer.preset("megatron-1t")
-    goals = [
-        ("GPT-3 175B, 1536 GPUs, TP8 PP12 DP16", gpt3, 1536,
-         Plan(dp=16, tp=8, pp=12, micro_batch=1, global_batch=1536, recompute="full"), 0.5),
-        ("1T, 3072 GPUs, TP8 PP64 DP6", one_t, 3072,
-         Plan(dp=6, tp=8, pp=64, micro_batch=1, global_batch=3072, recompute="full"), 2.0),
-    ]
-    for name, model, gpus, plan, goal in goals:
-        wall, cpu, r = timed(model, labsim.dgx_a100(gpus // 8), plan, args.repeat)
-        ops = 2 * plan.pp * plan.microbatches * plan.virtual_stages
-        print(f"{name:<36} {ops:>7} {wall:>7.3f} {cpu:>7.3f} {goal:>6} {r.step_time_s:>8.2f}")
-
-    print("\nSimulation time vs pipeline size (1T model, TP8, DP1, 1F1B)")
-    print(f"{'pp':>4} {'m':>6} {'pp x m':>7} {'wall s':>7} {'cpu s':>7} {'us/op':>6}")
-    for pp in (4, 16, 64):
-        for m in (16, 128, 512):
-            plan = Plan(dp=1, tp=8, pp=pp, global_batch=m)
-            wall, cpu, _ = timed(one_t, labsim.dgx_a100(pp), plan, args.repeat)
-            print(f"{pp:>4} {m:>6} {pp * m:>7} {wall:>7.3f} {cpu:>7.3f} "
-                  f"{cpu / (2 * pp * m) * 1e6:>6.1f}")
-
-    print("\nSimulation time vs dp (GPT-3 175B, TP8 PP12, 96 micro-batches per replica)")
-    print(f"{'dp':>5} {'GPUs':>6} {'wall s':>7} {'cpu s':>7} {'step s':>8}")
-    for dp in (1, 4, 16, 64, 256):
-        plan = Plan(dp=dp, tp=8, pp=12, micro_batch=1, global_batch=96 * dp)
-        wall, cpu, r = timed(gpt3, labsim.dgx_a100(dp * 12), plan, args.repeat)
-        print(f"{dp:>5} {dp * 96:>6} {wall:>7.3f} {cpu:>7.3f} {r.step_time_s:>8.2f}")
+    if args.fit:
+        fit()
+    elif args.speed:
+        speed(args.repeat)
+    elif args.agreement:
+        agreement(args.agreement)
+    else:
+        table()
 
 
 if __name__ == "__main__":

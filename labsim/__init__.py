@@ -17,13 +17,14 @@ from types import ModuleType as _ModuleType
 from labsim.attention import attention_cost, attention_flops, tiled_attention_hbm_bytes
 from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.collectives import (
+    CollectiveResult,
     algbw,
     busbw,
     busbw_factor,
     collective_lower_bound,
     collective_time,
-    collective_time_on,
     crossover_bytes,
+    estimate_collective,
 )
 from labsim.fusion import chain_bytes, chain_time
 from labsim.hardware import GPU, Link, gpu, link
@@ -31,10 +32,11 @@ from labsim.memory import MemoryBreakdown, activation_memory, training_memory
 from labsim.plan import Plan
 from labsim.quantization import decode_cost, decode_step_time, int8_decode_speedup
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
-from labsim.sim.collectives import CollectiveResult, simulate_collective
+from labsim.sim.collectives import simulate_collective
 from labsim.sim.loading import LoaderResult, simulate_dataloader
 from labsim.sim.quantization import DecodeResult, simulate_decode_step
-from labsim.sim.step import StepResult, simulate_step
+from labsim.sim.step import simulate_step
+from labsim.step import StepResult, estimate_step
 from labsim.trace import Span, Trace
 from labsim.workload import Gemm, Transformer
 

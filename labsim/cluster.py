@@ -14,17 +14,23 @@ The network model (values only; the simpy engine in ``labsim.sim.network`` execu
 
 So each transfer crosses exactly two *pipes* (one link direction each).  Pipes are shared:
 flows on one pipe split its bandwidth max-min fairly (two flows on one direction each get
-half), and opposite directions are independent (full duplex).  ``labsim.network.maxmin_rates``
-computes that allocation; the simulator and the cluster-aware closed forms both use it.
+half), and opposite directions are independent (full duplex).  ``labsim.network`` computes that
+allocation; the simulator and the closed forms both use it.
+
+``in_network_reduction`` says the fabric reduces in the switches (InfiniBand SHARP, NCCL's
+CollNet with ``NCCL_COLLNET_ENABLE=1``); NVLink SHARP (NVLS) inside a node needs no flag: NCCL
+uses it on NVSwitch systems of Hopper and later.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from labsim.hardware import GPU, Link, gpu, link
+
+MAX_GPUS = 2**20  # no cluster this large exists (the largest are ~10^5 GPUs)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Cluster:
     inter_node: Link
     nics_per_node: int | None = None  # default: one NIC per GPU
     name: str = field(default="", compare=False)
+    in_network_reduction: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu", gpu(self.gpu))
@@ -49,10 +56,18 @@ class Cluster:
         object.__setattr__(self, "inter_node", link(self.inter_node))
         for attr in ("nodes", "gpus_per_node"):
             value = getattr(self, attr)
-            if not isinstance(value, (int, np.integer)) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"Cluster: {attr} must be a whole number >= 1, got {value!r}")
+            object.__setattr__(self, attr, int(value))
+        if self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise ValueError(f"Cluster: {self.nodes} x {self.gpus_per_node} GPUs is more than the "
+                             f"{MAX_GPUS:,} this simulator accepts; use fewer nodes")
+        if not isinstance(self.in_network_reduction, bool):
+            raise ValueError(f"Cluster: in_network_reduction must be True or False, got "
+                             f"{self.in_network_reduction!r}")
         nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
-        if not isinstance(nics, (int, np.integer)) or not 1 <= nics <= self.gpus_per_node:
+        if isinstance(nics, bool) or not isinstance(nics, (int, np.integer)) or \
+                not 1 <= nics <= self.gpus_per_node:
             raise ValueError(
                 f"Cluster: nics_per_node must be between 1 and gpus_per_node="
                 f"{self.gpus_per_node}, got {nics!r}"
@@ -121,17 +136,12 @@ class Cluster:
         return self.inter_node.bandwidth_Bps * self.nics_per_node / self.gpus_per_node
 
     @property
-    def nic_link_per_gpu(self) -> Link:
-        """The inter-node link as one GPU sees it when all of a node's GPUs send at once: its
-        share of the node's NICs (the NIC itself when there is one per GPU)."""
-        if self.nics_per_node >= self.gpus_per_node:
-            return self.inter_node
-        return replace(self.inter_node, bandwidth_Bps=self.nic_Bps_per_gpu)
-
-    def same_node_ranks(self, a: int, b: int) -> bool:
-        """True if ranks ``a`` and ``b`` are GPUs of one node (no rank-range check: ranks past
-        the cluster, as a plan's stage index times its stride may give, fold by node)."""
-        return a // self.gpus_per_node == b // self.gpus_per_node
+    def gpu_nic_Bps(self) -> float:
+        """The GPU-to-NIC PCIe path as NCCL's topology rates it: one x16 link of the GPU's
+        generation (PCIe 4.0 on A100 systems, 5.0 on H100: DGX A100 / DGX H100 architecture
+        white papers), width x speed / 80 GB/s = 24 or 48 GB/s (``src/graph/topo.cc``)."""
+        cc = self.gpu.compute_capability or 8.0
+        return (48e9 if cc >= 9 else 24e9 if cc >= 8 else 12e9)
 
     # -- pipes (one link direction each) ------------------------------------------------
     @property
@@ -157,6 +167,11 @@ class Cluster:
         names += [f"node{node} nic{k} rx" for node, k in nics]
         return names
 
+    def nic_pipe(self, node: int, nic: int, rx: bool = False) -> int:
+        """Index of NIC ``nic`` of ``node``'s tx (or rx) pipe."""
+        n, m = self.world_size, self.nodes * self.nics_per_node
+        return 2 * n + (m if rx else 0) + node * self.nics_per_node + nic
+
     def paths(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """The two pipes (tx, rx) each transfer ``src[i] -> dst[i]`` crosses; shape (m, 2)."""
         src = np.asarray(src, dtype=np.int64)
@@ -174,8 +189,6 @@ class Cluster:
         """Alpha (s) of each transfer: the intra- or inter-node link's latency."""
         same = (np.asarray(src) // self.gpus_per_node) == (np.asarray(dst) // self.gpus_per_node)
         return np.where(same, self.intra_node.latency_s, self.inter_node.latency_s)
-
-
 
 
 # -- presets --------------------------------------------------------------------------------
@@ -204,6 +217,9 @@ PRESETS = {"dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "pcie-a100": pcie_box}
 
 def cluster(name: str, nodes: int = 1) -> Cluster:
     """A preset by name (``dgx-a100``, ``dgx-h100``, ``pcie-a100``) with ``nodes`` nodes."""
+    if not isinstance(name, str):
+        raise ValueError(f"cluster name must be a string among {', '.join(PRESETS)}, got "
+                         f"{name!r}")
     key = name.lower().replace("_", "-")
     if key not in PRESETS:
         raise ValueError(f"unknown cluster {name!r}; presets: {', '.join(PRESETS)}")

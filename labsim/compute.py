@@ -118,23 +118,26 @@ def _curve(points: tuple[tuple[float, float], ...], x: float) -> float:
     return points[-1][1]
 
 
-def memory_time(nbytes: float, gpu: GPU) -> float:
-    """Seconds for a memory-bound kernel moving ``nbytes`` through HBM."""
+def memory_time(nbytes: float, gpu: GPU, sustained: float | None = None) -> float:
+    """Seconds for a memory-bound kernel moving ``nbytes`` through HBM; ``sustained``
+    overrides the GPU's default sustained fraction (a software profile's)."""
     if nbytes <= 0:
         return 0.0
-    eff = _curve(MEMORY_SHAPE, nbytes / 1e6) * efficiency(gpu).sustained
+    s = efficiency(gpu).sustained if sustained is None else sustained
+    eff = _curve(MEMORY_SHAPE, nbytes / 1e6) * s
     return nbytes / (gpu.memory_bandwidth_Bps * eff)
 
 
 def gemm_time(m: int, n: int, k: int, gpu: GPU, dtype: str = "bf16", batch: int = 1,
-              bytes_per_element: int = 2) -> float:
+              bytes_per_element: int = 2, sustained: float | None = None) -> float:
     """Seconds for ``batch`` GEMMs (m x k) @ (k x n) on ``gpu``: compute roof at the size-
     dependent efficiency, or memory roof (read A and B, write C), whichever is slower."""
     flops = 2.0 * m * n * k * batch
     nbytes = bytes_per_element * (m * k + k * n + m * n) * batch
     eff = efficiency(gpu)
-    compute = flops / (gpu.peak(dtype) * eff.gemm(flops) * eff.sustained)
-    return max(compute, memory_time(nbytes, gpu))
+    s = eff.sustained if sustained is None else sustained
+    compute = flops / (gpu.peak(dtype) * eff.gemm(flops) * s)
+    return max(compute, memory_time(nbytes, gpu, s))
 
 
 @dataclass(frozen=True)
@@ -173,12 +176,15 @@ class LayerCost:
 
 def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
-               attention: str = "flash", precision: str | Precision = "bf16") -> LayerCost:
+               attention: str = "flash", precision: str | Precision = "bf16",
+               sustained: float | None = None) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
-    name of ``labsim.precision.PRECISIONS``: its compute dtype sets bytes and peak)."""
+    name of ``labsim.precision.PRECISIONS``: its compute dtype sets bytes and peak).
+    ``sustained``: the software profile's sustained fraction (default: the GPU's)."""
     h, s = model.hidden, model.seq_len
+    su = sustained
     prec = training_precision(precision)
     e = prec.activation_bytes
     tokens = micro_batch * s
@@ -190,11 +196,11 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         if name in ("attn_scores", "attn_values"):
             continue
         m, n, k = g.m, g.n, g.k
-        t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e)
+        t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e, sustained=su)
         fwd += PassCost(t, g.flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
-        t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
-            k, n, m, gpu, gemm_dtype, bytes_per_element=e)
+        t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e, sustained=su) + gemm_time(
+            k, n, m, gpu, gemm_dtype, bytes_per_element=e, sustained=su)
         bwd += PassCost(t_b, 2.0 * g.flops)
 
     # Attention core: scores Q K^T and values P V, 2 * 2 * b * s^2 * d FLOP per head.
@@ -202,19 +208,21 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     attn_flops = float(qk.flops + pv.flops)
     if attention == "flash":
         eff = efficiency(gpu)
-        peak = gpu.peak(gemm_dtype) * eff.sustained
+        peak = gpu.peak(gemm_dtype) * (eff.sustained if su is None else su)
         # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
         core_f = PassCost(0.5 * attn_flops / (peak * eff.flash_forward), attn_flops)
         core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * eff.flash_backward),
                           2.0 * attn_flops)  # FA2 backward: 5 GEMMs vs 2 forward
     else:
         scores = qk.batch * s * s  # elements of the score matrices on this GPU
-        t_qk = gemm_time(qk.m, qk.n, qk.k, gpu, gemm_dtype, batch=qk.batch, bytes_per_element=e)
-        t_pv = gemm_time(pv.m, pv.n, pv.k, gpu, gemm_dtype, batch=pv.batch, bytes_per_element=e)
+        t_qk = gemm_time(qk.m, qk.n, qk.k, gpu, gemm_dtype, batch=qk.batch, bytes_per_element=e,
+                         sustained=su)
+        t_pv = gemm_time(pv.m, pv.n, pv.k, gpu, gemm_dtype, batch=pv.batch, bytes_per_element=e,
+                         sustained=su)
         # fused scale-mask-softmax: read + write e B per score; dropout: read, write, 1 B mask
-        soft_f = memory_time(scores * (2 * e + 2 * e + 1), gpu)
+        soft_f = memory_time(scores * (2 * e + 2 * e + 1), gpu, su)
         # backward: dropout (gradient in and out, mask), softmax (probs, gradient in and out)
-        soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu)
+        soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu, su)
         core_f = PassCost(t_qk + t_pv + soft_f, attn_flops)
         core_b = PassCost(2 * (t_qk + t_pv) + soft_b, 2.0 * attn_flops)
     fwd += core_f
@@ -228,8 +236,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     shard = tp if sequence_parallel else 1
     f_shard = model.ffn_hidden // tp
     elem_bytes = tokens * h * per_h / shard + tokens * f_shard * (3 if model.swiglu else 2) * e
-    fwd += PassCost(memory_time(elem_bytes, gpu), 0.0)
-    bwd += PassCost(memory_time(2 * elem_bytes, gpu), 0.0)  # gradients in and out, inputs
+    fwd += PassCost(memory_time(elem_bytes, gpu, su), 0.0)
+    bwd += PassCost(memory_time(2 * elem_bytes, gpu, su), 0.0)  # gradients in and out, inputs
 
     if recompute == "full":
         rec = fwd
@@ -241,23 +249,25 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
 
 
 def logits_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
-                precision: str | Precision = "bf16") -> tuple[PassCost, PassCost]:
+                precision: str | Precision = "bf16",
+                sustained: float | None = None) -> tuple[PassCost, PassCost]:
     """Forward and backward of the output layer (logits GEMM, vocabulary split over TP) and
     the cross-entropy (fp32 softmax over the vocabulary shard), on the last stage."""
     prec = training_precision(precision)
     e = prec.activation_bytes
     gemm_dtype = prec.peak_dtype(gpu)
     g = model.head_gemm(micro_batch, tp)
-    t_f = gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e)
-    t_b = gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e) + gemm_time(
-        g.k, g.n, g.m, gpu, gemm_dtype, bytes_per_element=e)
-    ce = memory_time(g.m * g.n * (e + 4), gpu)  # read logits, write fp32 probabilities
+    t_f = gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e, sustained=sustained)
+    t_b = (gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e, sustained=sustained)
+           + gemm_time(g.k, g.n, g.m, gpu, gemm_dtype, bytes_per_element=e, sustained=sustained))
+    ce = memory_time(g.m * g.n * (e + 4), gpu, sustained)  # read logits, write fp32 probabilities
     return PassCost(t_f + ce, float(g.flops)), PassCost(t_b + ce, 2.0 * g.flops)
 
 
-def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam") -> float:
+def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam",
+                   sustained: float | None = None) -> float:
     """One optimizer step over ``params`` local parameters: memory-bound.  Adam with fp32
     master weights reads gradient (4 B), master, m, v (12 B) and writes master, m, v and the
     16-bit copy (14 B): 30 B/param; SGD with momentum 18 B; plain SGD 14 B."""
     per_param = {"adam": 30, "sgd-momentum": 18, "sgd": 14}[optimizer]
-    return memory_time(params * per_param, gpu)
+    return memory_time(params * per_param, gpu, sustained)

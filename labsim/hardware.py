@@ -8,20 +8,40 @@ Links carry their line rate per direction and what NCCL really achieves on them 
 messages (``nccl_efficiency``), because a ring all-reduce never runs at line rate: NVLink
 packets carry protocol headers and NCCL's kernels need a few percent of the time to reduce.
 
-A link's ``latency_s`` is the alpha of the alpha-beta model: the fixed cost of one step of a
-collective over that link.  We take NCCL's own cost model (``src/graph/tuning.cc``, table
-``hwLat``, ring algorithm, Simple protocol -- the protocol NCCL uses for large messages):
-3.4 us per step over NVLink, 5.7 us over PCIe, 14 us over the network.  A bare wire is
-faster (an InfiniBand hop is ~1 us); these figures include the GPU-side software per step.
+A link's ``latency_s`` is the alpha of the textbook alpha-beta model: the fixed cost of one
+step of a collective over that link.  We take NCCL's own cost model (``src/graph/tuning.cc``,
+table ``hwLat``, ring algorithm, Simple protocol): 3.4 us per step over NVLink, 5.7 us over PCIe,
+14 us over the network.  The NCCL model of ``labsim.collectives.nccl`` uses the whole table (per
+protocol and algorithm) and the link's ``kind`` (NCCL's hardware class: ``"nvlink"``,
+``"pcie"`` or ``"net"``) and ``nccl_Bps`` (the bandwidth NCCL's topology search assigns to the
+link: 20 GB/s per NVLink3 link, 20.6 per NVLink4 link, PCIe width x speed / 80, NIC speed / 8;
+``src/graph/topo.h``, ``topo.cc``).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+LINK_KINDS = ("nvlink", "pcie", "net")
+
+
+def _check_number(name: str, value: object) -> float:
+    """``value`` as a finite float, or ValueError naming ``name`` (bools and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
+            value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_positive(name: str, value: object) -> float:
+    if _check_number(name, value) <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,7 @@ class GPU:
     source: str
     sram_bytes: float = 0.0  # on-chip shared memory + L1 per SM, summed over SMs
     notes: str = ""
+    compute_capability: float | None = None  # SM version (8.0 A100, 9.0 H100); None: not NVIDIA
 
     def __post_init__(self) -> None:
         unknown = set(self.peak_flops) - set(DTYPES)
@@ -47,9 +68,25 @@ class GPU:
             raise ValueError(
                 f"{self.name}: unknown dtype keys {sorted(unknown)}; use {DTYPES}"
             )
-        if self.memory_bytes <= 0 or self.memory_bandwidth_Bps <= 0:
-            raise ValueError(f"{self.name}: memory size and bandwidth must be > 0")
+        for key, value in self.peak_flops.items():
+            _check_positive(f"GPU {self.name}: peak_flops[{key!r}]", value)
+        _check_positive(f"GPU {self.name}: memory size and bandwidth must be > 0; memory_bytes",
+                        self.memory_bytes)
+        _check_positive(f"GPU {self.name}: memory size and bandwidth must be > 0; "
+                        "memory_bandwidth_Bps", self.memory_bandwidth_Bps)
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+
+    def __hash__(self) -> int:  # peak_flops is a read-only mapping: hash the rest
+        return hash((self.name, tuple(sorted(self.peak_flops.items())), self.memory_bytes,
+                     self.memory_bandwidth_Bps, self.compute_capability))
+
+    @property
+    def arch(self) -> str:
+        """NCCL's architecture class of the tuner tables (``src/graph/tuning.cc``: by compute
+        capability: volta < 8.0 <= ampere < 9.0 <= hopper < 10.0 <= blackwell)."""
+        cc = self.compute_capability or 8.0
+        return "volta" if cc < 8 else "ampere" if cc < 9 else "hopper" if cc < 10 else \
+            "blackwell"
 
     def __reduce__(self) -> tuple:
         """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
@@ -59,6 +96,8 @@ class GPU:
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; ValueError if the chip has no such unit."""
+        if not isinstance(dtype, str):
+            raise ValueError(f"dtype must be a name such as 'bf16', got {dtype!r}")
         key = dtype.lower()
         if key not in self.peak_flops:
             raise ValueError(
@@ -92,14 +131,23 @@ class Link:
     source: str
     nccl_efficiency: float = 1.0
     efficiency_source: str = "line rate (no published NCCL figure)"
+    kind: str = "net"  # NCCL's hardware class: "nvlink", "pcie" or "net"
+    nccl_Bps: float | None = None  # what NCCL's topology assigns (default: the line rate)
 
     def __post_init__(self) -> None:
-        if self.bandwidth_Bps <= 0:
-            raise ValueError(f"link {self.name}: bandwidth_Bps must be > 0")
+        _check_positive(f"link {self.name}: bandwidth_Bps", self.bandwidth_Bps)
+        _check_number(f"link {self.name}: latency_s", self.latency_s)
         if self.latency_s < 0:
-            raise ValueError(f"link {self.name}: latency_s must be >= 0")
+            raise ValueError(f"link {self.name}: latency_s must be >= 0, got {self.latency_s!r}")
+        _check_number(f"link {self.name}: nccl_efficiency", self.nccl_efficiency)
         if not 0 < self.nccl_efficiency <= 1:
-            raise ValueError(f"link {self.name}: nccl_efficiency must be in (0, 1]")
+            raise ValueError(f"link {self.name}: nccl_efficiency must be in (0, 1], got "
+                             f"{self.nccl_efficiency!r}")
+        if self.kind not in LINK_KINDS:
+            raise ValueError(f"link {self.name}: kind={self.kind!r}; choose one of {LINK_KINDS}")
+        if self.nccl_Bps is None:
+            object.__setattr__(self, "nccl_Bps", float(self.bandwidth_Bps))
+        _check_positive(f"link {self.name}: nccl_Bps", self.nccl_Bps)
 
     @property
     def achieved_Bps(self) -> float:
@@ -116,6 +164,7 @@ _GPUS: tuple[GPU, ...] = (
         900e9,
         "NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor FP16, 15.7 FP32, 900 GB/s HBM2",
         sram_bytes=80 * 128e3,
+        compute_capability=7.0,
     ),
     GPU(
         "A100-40GB",
@@ -132,6 +181,7 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOPS BF16/FP16 dense (624 with sparsity), "
         "1,555 GB/s HBM2",
         sram_bytes=108 * 192e3,
+        compute_capability=8.0,
     ),
     GPU(
         "A100-80GB",
@@ -148,6 +198,7 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16/FP16 dense (624 with sparsity), "
         "2,039 GB/s HBM2e",
         sram_bytes=108 * 192e3,
+        compute_capability=8.0,
     ),
     GPU(
         "H100-SXM",
@@ -165,6 +216,7 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA H100 datasheet (SXM5): BF16 1,979 TFLOPS with sparsity = 989.4 dense, "
         "3.35 TB/s HBM3",
         sram_bytes=132 * 256e3,
+        compute_capability=9.0,
     ),
     GPU(
         "H100-PCIe",
@@ -181,6 +233,7 @@ _GPUS: tuple[GPU, ...] = (
         2.0e12,
         "NVIDIA H100 datasheet (PCIe): BF16 1,513 TFLOPS with sparsity = 756 dense, 2 TB/s HBM2e",
         sram_bytes=114 * 256e3,
+        compute_capability=9.0,
     ),
     GPU(
         "H200",
@@ -197,6 +250,7 @@ _GPUS: tuple[GPU, ...] = (
         4.8e12,
         "NVIDIA H200 datasheet (SXM): same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s",
         sram_bytes=132 * 256e3,
+        compute_capability=9.0,
     ),
     GPU(
         "MI250X",
@@ -229,6 +283,7 @@ _GPUS: tuple[GPU, ...] = (
         "dense with FP32 accumulate (330.3 with FP16 accumulate), 82.6 FP32, 24 GB GDDR6X, "
         "1,008 GB/s",
         sram_bytes=128 * 128e3,
+        compute_capability=8.9,
     ),
     GPU(
         "A6000",
@@ -244,11 +299,15 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA RTX A6000 datasheet: 38.7 TFLOPS FP32, tensor 309.7 TFLOPS with sparsity = "
         "154.8 dense FP16/BF16, 48 GB GDDR6, 768 GB/s",
         sram_bytes=84 * 128e3,
+        compute_capability=8.6,
     ),
 )
 
 G = 1e9
 # NCCL src/graph/tuning.cc, hwLat[hw][RING][SIMPLE]: per-step latency of a ring step, in s.
+# ``nccl_Bps``: NCCL's topology bandwidth (src/graph/topo.h): NVLink SM70/SM80 20 GB/s and SM90
+# 20.6 GB/s per link times the links; PCIe width x speed / 80 (Gen3 x16 12, Gen4 24, Gen5 48);
+# a NIC its speed in Mb/s / 8000.
 _NCCL_RING_LAT_NVLINK = 3.4e-6
 _NCCL_RING_LAT_PCI = 5.7e-6
 _NCCL_RING_LAT_NET = 14e-6
@@ -259,6 +318,10 @@ _LINKS: tuple[Link, ...] = (
         _NCCL_RING_LAT_NVLINK,
         "V100 SXM2: 6 NVLink2 links x 25 GB/s per direction (NVIDIA V100 datasheet: 300 GB/s "
         "bidirectional)",
+        nccl_efficiency=120 / 150,
+        efficiency_source="NCCL's own topology bandwidth (6 links x SM70_NVLINK_BW 20 GB/s, "
+        "src/graph/topo.h); no nccl-tests figure",
+        kind="nvlink", nccl_Bps=6 * 20 * G,
     ),
     Link(
         "nvlink3",
@@ -269,6 +332,7 @@ _LINKS: tuple[Link, ...] = (
         nccl_efficiency=230 / 300,
         efficiency_source="NCCL maintainers (nccl-tests issues): ~230 GB/s all-reduce busbw "
         "on an 8xA100 NVLink node for >= 8 GB messages",
+        kind="nvlink", nccl_Bps=12 * 20 * G,
     ),
     Link(
         "nvlink4",
@@ -279,24 +343,37 @@ _LINKS: tuple[Link, ...] = (
         nccl_efficiency=370 / 450,
         efficiency_source="NCCL maintainers (nccl-tests issues): ~370 GB/s ring all-reduce "
         "busbw on an 8xH100 NVLink node (~20 % protocol overhead)",
+        kind="nvlink", nccl_Bps=18 * 20.6 * G,
     ),
     Link(
         "pcie3-x16",
         15.75 * G,
         _NCCL_RING_LAT_PCI,
         "PCIe 3.0 x16: 8 GT/s x 16 lanes x 128/130 encoding = 15.75 GB/s per direction",
+        nccl_efficiency=12 / 15.75,
+        efficiency_source="NCCL's own topology bandwidth for the slot (src/graph/topo.cc: width x "
+        "speed / 80 = 12 GB/s): PCIe's TLP and flow-control overhead; no nccl-tests figure",
+        kind="pcie", nccl_Bps=12 * G,
     ),
     Link(
         "pcie4-x16",
         31.5 * G,
         _NCCL_RING_LAT_PCI,
         "PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130 encoding = 31.5 GB/s per direction",
+        nccl_efficiency=24 / 31.5,
+        efficiency_source="NCCL's own topology bandwidth for the slot (src/graph/topo.cc: width x "
+        "speed / 80 = 24 GB/s): PCIe's TLP and flow-control overhead; no nccl-tests figure",
+        kind="pcie", nccl_Bps=24 * G,
     ),
     Link(
         "pcie5-x16",
         63 * G,
         _NCCL_RING_LAT_PCI,
         "PCIe 5.0 x16: 32 GT/s x 16 lanes x 128/130 encoding = 63 GB/s per direction",
+        nccl_efficiency=48 / 63,
+        efficiency_source="NCCL's own topology bandwidth for the slot (src/graph/topo.cc: width x "
+        "speed / 80 = 48 GB/s): PCIe's TLP and flow-control overhead; no nccl-tests figure",
+        kind="pcie", nccl_Bps=48 * G,
     ),
     Link(
         "ib-hdr",
@@ -305,6 +382,7 @@ _LINKS: tuple[Link, ...] = (
         "InfiniBand HDR: 200 Gb/s = 25 GB/s per port per direction",
         nccl_efficiency=47 / 50,
         efficiency_source="assumed equal to NDR's measured fraction (46-48 of 50 GB/s)",
+        kind="net", nccl_Bps=25 * G,
     ),
     Link(
         "ib-ndr",
@@ -314,6 +392,7 @@ _LINKS: tuple[Link, ...] = (
         nccl_efficiency=47 / 50,
         efficiency_source="NCCL maintainers (nccl-tests issues): 46-48 GB/s busbw per "
         "400 Gb/s NIC",
+        kind="net", nccl_Bps=50 * G,
     ),
 )
 

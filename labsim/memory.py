@@ -28,6 +28,8 @@ worth; interleaving with v virtual stages multiplies by ``1 + (p-1)/(p v)`` (Sec
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +112,7 @@ def training_memory(
     prec = training_precision(precision)
     if optimizer not in _STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of {OPTIMIZERS}")
-    if zero_stage not in (0, 1, 2, 3):
+    if isinstance(zero_stage, bool) or zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage={zero_stage!r}; ZeRO has stages 0, 1, 2 and 3")
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
         raise ValueError(f"dp must be a positive integer (data-parallel ranks), got {dp!r}")
@@ -134,15 +136,15 @@ def training_memory(
                 f"activation keywords {sorted(activation_kwargs)} need a Transformer, not a "
                 "parameter count: pass labsim.Transformer(...) or a preset"
             )
-        try:
-            n = float(params_or_model)
-        except (TypeError, ValueError):
+        if isinstance(params_or_model, bool) or not isinstance(params_or_model, numbers.Real):
             raise ValueError(
-                f"params_or_model must be a parameter count or a Transformer, got "
-                f"{type(params_or_model).__name__}"
-            ) from None
-        if not n >= 0:
-            raise ValueError(f"parameter count must be >= 0, got {params_or_model!r}")
+                f"params_or_model must be a parameter count (a number, e.g. 7e9) or a "
+                f"Transformer, got {type(params_or_model).__name__} {params_or_model!r}"
+            )
+        n = float(params_or_model)
+        if not math.isfinite(n) or n < 0:
+            raise ValueError(f"parameter count must be a finite number >= 0, got "
+                             f"{params_or_model!r}")
 
     w, g, o = bytes_per_param(precision, optimizer)
     # ZeRO (Rajbhandari et al. 2020, Fig. 1): P_os shards optimizer states, P_os+g also the
@@ -233,10 +235,15 @@ def activation_per_layer(
     if recompute == "full":
         return d * sbh  # the layer's input only: 2sbh in 16 bits
     # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), the
-    # two sbh dropout masks; split part: Q, K, V, projection input, MLP 4h intermediate and
-    # GeLU output (12 x sbh); attention: softmax output, its dropout mask and dropout output.
+    # two sbh dropout masks; split part: Q and K, V, projection input, the MLP's first-matrix
+    # output(s) and its activation's output.  For the GPT layer of the paper (K, V as wide as
+    # Q, a 4h GeLU MLP) the split part is 24 sbh; grouped-query attention stores narrower K
+    # and V, a SwiGLU MLP two first-matrix outputs (gate and up).
+    kv = model.kv_dim / h
+    f = model.ffn_hidden / h
+    f_in = 2 * f if model.swiglu else f
     replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
-    split = 12 * d  # 24 for d = 2
+    split = d * (2 + 2 * kv + f_in + f)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
     attention = 0.0 if recompute == "selective" else (2 * d + m) * a * s / (h * t)  # 5as/(ht)
     return sbh * (linear + attention)
@@ -299,3 +306,34 @@ def zero_stages(
         )
         for stage in range(4)
     }
+
+
+def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreakdown:
+    """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
+    ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
+    at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
+    ``dp``) and the activations of ``in_flight`` chunks (``activation_per_layer``; with
+    FlashAttention no s x s scores are kept).  ZeRO-3 adds the layers it has gathered in full:
+    the one computing, the one whose gradients are being reduced, and ``zero3_prefetch``
+    ahead.  Allocator fragmentation, workspaces and communication buffers are not counted.
+    """
+    prec = training_precision(plan.numerics)
+    v = plan.virtual_stages
+    chunks = plan.pp * v
+    recompute = plan.recompute
+    if plan.attention == "flash" and recompute == "none":
+        recompute = "selective"  # FlashAttention keeps no scores: the 5as/h term vanishes
+    per_layer = activation_per_layer(
+        model, micro_batch=plan.micro_batch, tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel, recompute=recompute,
+        dtype_bytes=prec.activation_bytes)
+    activations = per_layer * (model.layers // chunks) * in_flight
+    n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g)
+                  for g in range(0, chunks, plan.pp)))
+    states = training_memory(n, precision=prec, optimizer=plan.optimizer,
+                             zero_stage=plan.zero_stage, dp=plan.dp)
+    params = states.params
+    if plan.zero_stage == 3 and plan.dp > 1:
+        layer = model.params_per_layer / plan.tp
+        params += (plan.zero3_prefetch + 2) * layer * prec.weight_bytes
+    return MemoryBreakdown(params, states.grads, states.optimizer, activations)

@@ -1,95 +1,184 @@
-"""How flows share a cluster's links: max-min fair rates of transfer patterns (values only).
+"""How flows share links: the one network model of labsim (values; ``labsim.sim.network``
+executes it in time).
 
-Every transfer crosses pipes (one link direction each, ``Cluster.paths``); flows on one pipe
-split its bandwidth max-min fairly (``maxmin_rates``: two flows alone on one direction get
-half each, a flow alone gets the slowest pipe on its path).  ``PatternRates`` caches, per
-transfer pattern of a collective step, each flow's rate and the step's latency, so that the
-closed forms on a cluster (``labsim.collectives.collective_time_on``) and the simpy engine
-(``labsim.sim.network``) agree by construction.
+A *pipe* is one direction of one link (a GPU's port into its node's switch, a NIC into the
+fabric).  A *flow* moves ``nbytes`` of payload and puts ``load`` wire bytes on each of its
+pipes per payload byte (a ring all-reduce puts 2(n-1)/n on every member's port; one transfer
+puts 1 on the sender's tx and the receiver's rx pipe); it may also have its own ``cap`` on
+payload bytes per second (a protocol's or a channel count's limit).
+
+Concurrent flows share pipes by **weighted max-min fairness** (progressive filling, Bertsekas
+& Gallager, *Data Networks*, sec. 6.5.2): every unfrozen flow raises its byte rate on its most
+loaded pipe at the same pace until a pipe is full or the flow reaches its cap; the flows
+through a full pipe freeze; repeat.  Two flows alone on one pipe get half each; a flow alone
+gets ``min(cap, min over pipes of capacity / load)`` -- which is why a collective's closed form
+(``labsim.collectives.nccl.CollectiveCost.time_s``) and its simulation agree when it is alone.
+
+``collective_flow`` lays a collective's loads on the pipes of a whole cluster (every member
+GPU's port, every NIC the group uses) for ``labsim.simulate_collective``; ``FoldedNetwork``
+lays a training step's collectives on the pipes of one representative GPU per pipeline stage
+(``labsim.step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # only annotations: labsim.collectives itself imports this module
+if TYPE_CHECKING:  # annotations only: labsim.collectives imports this module's users
     from labsim.cluster import Cluster
-    from labsim.collectives.schedule import Pattern, Step
+    from labsim.collectives.nccl import CollectiveCost
+    from labsim.plan import Plan
 
 
-def maxmin_rates(paths: np.ndarray, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rate (bytes/s) of each flow; ``paths[i]`` lists the pipes flow i crosses.
+def fair_rates(flows: Sequence[tuple[Sequence[int], Sequence[float], float]],
+               capacity: Sequence[float]) -> list[float]:
+    """Payload rate (bytes/s) of each flow ``(pipes, loads, cap)`` sharing pipes of
+    ``capacity`` (bytes/s each), by weighted max-min fairness (module doc).
 
-    Progressive filling (Bertsekas & Gallager, *Data Networks*, sec. 6.5.2): raise every
-    unfrozen flow's rate together until a pipe is full, freeze the flows through it, repeat.
-    Two flows alone on one pipe get half of it each; a flow alone gets the slowest pipe on
-    its path.
+    A flow that loads no pipe runs at its cap (``inf`` if it has none).
     """
-    paths = np.asarray(paths, dtype=np.int64)
-    m = len(paths)
-    rate = np.zeros(m)
-    if m == 0:
-        return rate
-    left = np.asarray(capacity, dtype=float).copy()
-    active = np.ones(m, dtype=bool)
-    while active.any():
-        counts = np.bincount(paths[active].ravel(), minlength=len(left))
-        used = counts > 0
-        share = np.full(len(left), np.inf)
-        share[used] = left[used] / counts[used]
-        inc = share.min()
-        rate[active] += inc
-        left -= inc * counts
-        full = used & (share <= inc * (1 + 1e-12))
-        active &= ~full[paths].any(axis=1)
+    rate = [0.0] * len(flows)
+    weight = [0.0] * len(flows)
+    left: dict[int, float] = {}
+    active = []
+    for i, (pipes, loads, cap) in enumerate(flows):
+        heaviest = max(loads, default=0.0)
+        if heaviest <= 0:
+            rate[i] = cap
+            continue
+        weight[i] = 1.0 / heaviest
+        active.append(i)
+        for p in pipes:
+            left[p] = float(capacity[p])
+    while active:
+        use: dict[int, float] = {}
+        for i in active:
+            for p, load in zip(*flows[i][:2]):
+                if load > 0:
+                    use[p] = use.get(p, 0.0) + load * weight[i]
+        step = min(left[p] / u for p, u in use.items())
+        for i in active:
+            step = min(step, (flows[i][2] - rate[i]) / weight[i])
+        step = max(step, 0.0)
+        for p, u in use.items():
+            left[p] -= u * step
+        for i in active:
+            rate[i] += step * weight[i]
+        full = {p for p in use if left[p] <= 1e-9 * float(capacity[p])}
+        still = [i for i in active if rate[i] < flows[i][2] * (1 - 1e-12)
+                 and not any(p in full for p, ld in zip(*flows[i][:2]) if ld > 0)]
+        if len(still) == len(active):  # rounding left every pipe a hair from full
+            break
+        active = still
     return rate
 
 
-class PatternRates:
-    """Latency and max-min fair rates of a pattern alone on a cluster's network (cached)."""
-
-    def __init__(self, cluster: Cluster, achieved: bool) -> None:
-        self.cluster = cluster
-        self.capacity = cluster.pipe_capacities(achieved)
-        self._cache: dict[int, tuple[Pattern, np.ndarray, float, np.ndarray, float]] = {}
-
-    def _entry(self, pattern: Pattern) -> tuple[Pattern, np.ndarray, float, np.ndarray, float]:
-        hit = self._cache.get(id(pattern))
-        if hit is None or hit[0] is not pattern:
-            paths = self.cluster.paths(pattern.src, pattern.dst)
-            alpha = float(self.cluster.latencies(pattern.src, pattern.dst).max())
-            rates = maxmin_rates(paths, self.capacity)
-            uniform = float(rates[0]) if len(rates) and rates.min() == rates.max() else 0.0
-            hit = (pattern, paths, alpha, rates, uniform)
-            self._cache[id(pattern)] = hit
-        return hit
-
-    def get(self, pattern: Pattern) -> tuple[np.ndarray, float, np.ndarray]:
-        """(pipes (m, 2), alpha of the step, rates alone)."""
-        hit = self._entry(pattern)
-        return hit[1], hit[2], hit[3]
-
-    def uniform_rate(self, pattern: Pattern) -> float:
-        """The common rate when every transfer of ``pattern`` alone gets the same, else 0."""
-        return self._entry(pattern)[4]
+def alone_rate(pipes: Sequence[int], loads: Sequence[float], cap: float,
+               capacity: Sequence[float]) -> float:
+    """The payload rate of a flow alone: ``min(cap, capacity[p] / load[p])``."""
+    rate = cap
+    for p, load in zip(pipes, loads):
+        if load > 0:
+            rate = min(rate, float(capacity[p]) / load)
+    return rate
 
 
-def step_time(step: Step, rates: PatternRates) -> float:
-    """One step alone on the network: its largest alpha plus its slowest transfer."""
-    _, alpha, rate = rates.get(step.pattern)
-    uniform = rates.uniform_rate(step.pattern)
-    if uniform > 0:
-        return alpha + step.max_bytes / uniform
-    if step.min_bytes == step.max_bytes:  # equal transfers: the slowest rate decides
-        return alpha + step.max_bytes / float(rate.min())
-    return alpha + float(np.max(step.nbytes / rate))
+def collective_flow(cluster: Cluster, ranks: Sequence[int], cost: CollectiveCost,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(pipes, loads) of a collective of ``cost`` among ``ranks`` of ``cluster``: its intra
+    load on both directions of every member's port, its NIC load on both directions of every
+    NIC the members use (``cluster.pipe_names()`` numbering)."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    n = cluster.world_size
+    pipes, loads = [], []
+    if cost.intra_load > 0:
+        pipes += [ranks, n + ranks]
+        loads += [np.full(2 * len(ranks), cost.intra_load)]
+    if cost.nic_load > 0:
+        g = cluster.gpus_per_node
+        nics = np.unique((ranks // g) * cluster.nics_per_node
+                         + (ranks % g) * cluster.nics_per_node // g)
+        m = cluster.nodes * cluster.nics_per_node
+        pipes += [2 * n + nics, 2 * n + m + nics]
+        loads += [np.full(2 * len(nics), cost.nic_load)]
+    if not pipes:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    return np.concatenate(pipes), np.concatenate(loads)
 
 
-def steps_time(steps: Iterable[Step], rates: PatternRates) -> float:
-    """Sum over steps of (the step's largest alpha + its slowest transfer at fair rates)."""
-    return sum(step_time(step, rates) for step in steps)
+@dataclass(frozen=True)
+class Placed:
+    """A collective of the step on the folded network: its ``cost`` and the ``pipes`` it
+    loads with ``loads`` wire bytes per payload byte; ``alone_s`` is its time alone."""
+
+    cost: CollectiveCost
+    pipes: tuple[int, ...]
+    loads: tuple[float, ...]
+    alone_s: float
+
+    @property
+    def nbytes(self) -> float:
+        return self.cost.nbytes
+
+    @property
+    def latency_s(self) -> float:
+        return self.cost.latency_s
+
+    @property
+    def cap_Bps(self) -> float:
+        return self.cost.cap_Bps
 
 
+class FoldedNetwork:
+    """Pipe numbering of the folded network: stage s has ``2s`` (port tx) and ``2s + 1`` (port
+    rx); the NIC of each (node, nic) a stage's representative uses has a tx and an rx pipe."""
+
+    def __init__(self, cluster: Cluster, plan: Plan) -> None:  # plan: a labsim.Plan
+        self.c, self.plan = cluster, plan
+        g = cluster.gpus_per_node
+        self.rep = [s * plan.tp * plan.dp for s in range(plan.pp)]
+        self.node = [r // g for r in self.rep]
+        self.stage_gpus = min(g, plan.tp * plan.dp)  # GPUs of one stage on its node
+        self.stage_nics = max(1, self.stage_gpus * cluster.nics_per_node // g)
+        keys: dict[tuple[int, int], int] = {}
+        self.nic = []
+        for r in self.rep:
+            key = (r // g, cluster.nic_of(r % g))
+            self.nic.append(keys.setdefault(key, 2 * plan.pp + 2 * len(keys)))
+        caps = [cluster.intra_node.achieved_Bps] * (2 * plan.pp)
+        caps += [cluster.inter_node.achieved_Bps] * (2 * len(keys))
+        self.capacity = np.array(caps)
+
+    def place(self, cost: CollectiveCost, stage: int) -> Placed:
+        """A group collective of ``stage`` (every stage GPU on the node in an identical group
+        at the same time)."""
+        pipes: list[int] = []
+        loads: list[float] = []
+        if cost.intra_load > 0:
+            pipes += [2 * stage, 2 * stage + 1]
+            loads += [cost.intra_load] * 2
+        if cost.nic_load > 0:
+            groups = max(1.0, self.stage_gpus / cost.group.ppn)
+            per_nic = groups * cost.nic_load * cost.group.nics / self.stage_nics
+            pipes += [self.nic[stage], self.nic[stage] + 1]
+            loads += [per_nic] * 2
+        return self._placed(cost, pipes, loads)
+
+    def place_send(self, cost: CollectiveCost, src: int, dst: int) -> Placed:
+        """A pipeline message from stage ``src`` to ``dst`` (every stage GPU sends its own)."""
+        if self.node[src] == self.node[dst]:
+            pipes, loads = [2 * src, 2 * dst + 1], [1.0, 1.0]
+        else:
+            share = self.stage_gpus / self.stage_nics
+            pipes, loads = [self.nic[src], self.nic[dst] + 1], [share, share]
+        return self._placed(cost, pipes, loads)
+
+    def _placed(self, cost: CollectiveCost, pipes: list[int], loads: list[float]) -> Placed:
+        if cost.nbytes == 0 or cost.group.nranks < 2:
+            return Placed(cost, (), (), 0.0)
+        rate = alone_rate(pipes, loads, cost.cap_Bps, self.capacity)
+        return Placed(cost, tuple(pipes), tuple(loads), cost.latency_s + cost.nbytes / rate)

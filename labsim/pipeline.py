@@ -19,7 +19,12 @@ the step, and interleaving over ``v`` chunks divides the bubble time by ``v``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # annotations only: labsim.step imports this module
+    from labsim.network import Placed
+    from labsim.step import StepCosts
 
 
 class Op(NamedTuple):
@@ -139,3 +144,204 @@ def pipeline_time(p: int, m: int, t_f: float, t_b: float, v: int = 1) -> float:
     t_b are one micro-batch's forward and backward time on one stage (all its chunks)."""
     _check(p, m, v)
     return (m + (p - 1) / v) * (t_f + t_b)
+
+
+def in_flight_peak(name: str, p: int, m: int, v: int = 1) -> int:
+    """``max_in_flight`` of stage 0 of ``make_schedule(name, p, m, v)`` without building it:
+    GPipe holds all m; 1F1B min(p, m); interleaved 1F1B its warm-up plus one (all m v when
+    m == p, Megatron-LM's rule)."""
+    _check(p, m, v)
+    if name == "gpipe":
+        return m
+    if name == "1f1b":
+        return min(p, m)
+    total = m * v
+    if m == p:
+        return total
+    warmup = min((p - 1) * 2 + (v - 1) * p, total)
+    return warmup + 1 if warmup < total else total
+
+
+@dataclass(frozen=True)
+class AloneRun:
+    """What ``alone_schedule`` computed: each stage's end, compute-busy seconds, the end of
+    the last compute, every op's (start, end) per stage (flat list), and the other spans."""
+
+    ends: list[float]
+    busy: list[float]
+    compute_end: float
+    op_times: list[list[float]]
+    spans: list[tuple]
+
+
+def _contended(c: StepCosts) -> set[int]:
+    """Pipes that two streams of work can load at once (``alone_schedule`` watches these)."""
+    p = c.plan.pp
+    users: dict[int, set[tuple]] = {}
+    blocking = c.software.blocking_p2p
+    for (a, b), pl in c.p2p.items():
+        for x in pl.pipes:
+            users.setdefault(x, set()).add(("compute" if blocking else "p2p", a, b))
+    for g, (pl, _) in enumerate(c.buckets):
+        for x in (pl.pipes if pl is not None else ()):
+            users.setdefault(x, set()).add(("dp", g % p))
+    for s_ in range(p):
+        pl = c.param_gather[s_]
+        for x in (pl.pipes if pl is not None else ()):
+            users.setdefault(x, set()).add(("dp", s_))
+        for g in range(s_, p * c.plan.virtual_stages, p):
+            tp = c.chunks[g].tp
+            for x in (tp.pipes if tp is not None else ()):
+                users.setdefault(x, set()).add(("compute", s_))
+    return {x for x, u in users.items() if len(u) > 1}
+
+
+def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> AloneRun | None:
+    """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
+    max(stage free, input arrival); buckets on a stream as backward produces them; then the
+    optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
+    computes whenever no two flows move bytes on one pipe at the same time; with ``check``
+    it returns None when some do (the caller then simulates the network)."""
+    plan = c.plan
+    p, m = plan.pp, plan.microbatches
+    n_chunks = p * plan.virtual_stages
+    zero2 = plan.zero_stage == 2
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    blocking = c.software.blocking_p2p
+    spans: list[tuple] = []
+    record = spans.append
+    watch = _contended(c) if check else set()
+    moving: dict[int, list[tuple[float, float]]] = {x: [] for x in watch}
+    mark = _mark
+    overlap = plan.overlap_grad_reduce
+    busy = [0.0] * p
+    clock = [0.0] * p
+    index = [0] * p
+    arrival: dict[tuple, float] = {}
+    pending: list[list[tuple]] = [[] for _ in range(p)]
+    times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
+    tables = []
+    for s in range(p):  # per (kind, local chunk): what an op of it costs and sends
+        table = {}
+        for kind in "FB":
+            for local in range(plan.virtual_stages):
+                g = local * p + s
+                ch = c.chunks[g]
+                fwd = kind == "F"
+                work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
+                                                                 ch.tp_bwd)
+                tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+                nxt = (g + 1 if fwd else g - 1)
+                out = 0 <= nxt < n_chunks
+                send = c.p2p.get((s, nxt % p)) if out else None
+                table[kind, local] = (fwd, g, (g > 0) if fwd else (g < n_chunks - 1), work,
+                                      tp, calls, nxt if out else -1, send)
+        tables.append(table)
+    last_b = [{op[2]: i for i, op in enumerate(schedule[s]) if op[0] == "B"}
+              for s in range(p)]
+    remaining = sum(len(o) for o in schedule)
+    while remaining:
+        advanced = False
+        for s in range(p):
+            ops, i, t, table = schedule[s], index[s], clock[s], tables[s]
+            n = len(ops)
+            if i == n:
+                continue
+            bucket_ok = overlap
+            tp_watch = 2 * s in watch or 2 * s + 1 in watch
+            start_i = i
+            while i < n:
+                kind, mb, local = ops[i]
+                fwd, g, need, work, tp, calls, nxt, send = table[kind, local]
+                if need:
+                    a = arrival.get((kind, mb, g))
+                    if a is None:
+                        break
+                    if a > t:
+                        t = a
+                start = t
+                if tp is None:
+                    end = start + work
+                    planned = work
+                elif h:
+                    alone = tp.alone_s * calls
+                    mid = start + max(work, h * alone)
+                    end = mid + (1 - h) * alone
+                    planned = end - start
+                    if tp_watch:
+                        mark(moving, tp, start + h * calls * tp.latency_s, start + h * alone)
+                        mark(moving, tp, mid + (1 - h) * calls * tp.latency_s, end)
+                else:
+                    alone = tp.alone_s * calls
+                    end = start + work + alone
+                    planned = work + alone
+                    if tp_watch:
+                        mark(moving, tp, start + work + calls * tp.latency_s, end)
+                if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
+                    bucket, n_buckets = c.buckets[g]
+                    for k in range(n_buckets):
+                        pending[s].append((start + planned * (k + 1) / n_buckets,
+                                           bucket, f"bucket {k} chunk {g}"))
+                times_s = times[s]
+                times_s.append(start)
+                times_s.append(end)
+                t = end
+                if nxt >= 0:
+                    if send is None:
+                        arrival[kind, mb, nxt] = end
+                    else:
+                        arrive = end + send.alone_s
+                        arrival[kind, mb, nxt] = arrive
+                        if send.pipes[0] in moving or send.pipes[-1] in moving:
+                            mark(moving, send, end + send.latency_s, arrive)
+                        if blocking:
+                            t = arrive
+                i += 1
+            if i > start_i:
+                remaining -= i - start_i
+                advanced = True
+            index[s], clock[s] = i, t
+        if not advanced:
+            raise ValueError("the schedule deadlocks: an op waits for a message never sent")
+    for s in range(p):
+        ts = times[s]
+        busy[s] = sum(ts[1::2]) - sum(ts[0::2])
+    compute_end = max(clock)
+    ends = []
+    for s in range(p):
+        queue = pending[s]
+        if not overlap:
+            queue = [(clock[s], b, f"bucket {k} chunk {g}")
+                     for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
+                     if b is not None for k in range(n * (m if zero2 else 1))]
+        free = 0.0
+        for ready, bucket, label in queue:
+            start = max(ready, free)
+            free = start + bucket.alone_s
+            if check:
+                mark(moving, bucket, start + bucket.latency_s, free)
+            record((s, "dp", "comm", start, free, label, bucket.nbytes))
+        t = max(clock[s], free) + c.optimizer_s[s]
+        record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
+                0.0))
+        gather = c.param_gather[s]
+        if gather is not None and not c.software.overlap_param_gather:
+            record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
+                    gather.nbytes))
+            if check:
+                mark(moving, gather, t + gather.latency_s, t + gather.alone_s)
+            t += gather.alone_s
+        ends.append(t)
+    for intervals in moving.values():
+        if len(intervals) > 1:
+            intervals.sort()
+            for (_, e0), (s1, _) in zip(intervals, intervals[1:]):
+                if s1 < e0 - 1e-12 * max(1.0, e0):
+                    return None
+    return AloneRun(ends, busy, compute_end, times, spans)
+
+def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> None:
+    for x in placed.pipes:
+        lst = moving.get(x)
+        if lst is not None:
+            lst.append((start, end))

@@ -1,26 +1,52 @@
 """``Plan``: how one training step is parallelised and executed.
 
-A plan is the single contract between a model, a cluster and the step simulator
-(``labsim.simulate_step``).  It says how the GPUs are split (data parallel ``dp`` x tensor
-parallel ``tp`` x pipeline parallel ``pp``, the Megatron-LM "3D" layout of Narayanan et al. 2021),
-how the global batch is cut into micro-batches, which pipeline schedule runs them, how much of
-the model state ZeRO shards (Rajbhandari et al. 2020), what is recomputed in backward
-(Korthikanti et al. 2022), and how gradients are reduced.
+A plan is the single contract between a model, a cluster and the step models
+(``labsim.estimate_step``, ``labsim.simulate_step``).  It says how the GPUs are split (data
+parallel ``dp`` x tensor parallel ``tp`` x pipeline parallel ``pp``, the Megatron-LM "3D" layout
+of Narayanan et al. 2021), how the global batch is cut into micro-batches, which pipeline
+schedule runs them, how much of the model state ZeRO shards (Rajbhandari et al. 2020), what is
+recomputed in backward (Korthikanti et al. 2022), how gradients are reduced, and which software
+profile (``labsim.software``) the framework behaves like.
 
 Checks that need only the plan happen here (``Plan(...)`` raises ``ValueError`` naming the fix);
 checks against a model and a cluster (heads divisible by tp, layers by pp x virtual stages,
-dp x tp x pp = GPUs) happen in ``Plan.validate_for`` which ``simulate_step`` calls.
+dp x tp x pp = GPUs) happen in ``Plan.validate_for`` which the step models call.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from labsim.precision import Precision, training_precision
+from labsim.software import PROFILES, SoftwareProfile, profile
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "standard")
+OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
+MAX_GLOBAL_BATCH = 10**8  # sequences; the largest published runs use ~10^4
+MIN_BUCKET_BYTES = 1e3
+
+
+def _whole(name: str, value: object, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name}={value!r}: must be a whole number >= {low} (e.g. {name}="
+                         f"{max(low, 1)})")
+    return int(value)
+
+
+def _flag(name: str, value: object) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ValueError(f"{name}={value!r}: must be True or False")
+
+
+def _choice(name: str, value: object, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name}={value!r}: choose one of {options}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,23 +61,26 @@ class Plan:
     schedule: ``"gpipe"`` (all forwards then all backwards, Huang et al. 2019), ``"1f1b"``
         (PipeDream-Flush, Narayanan et al. 2021) or ``"interleaved"`` (1F1B over
         ``virtual_stages`` model chunks per GPU, Narayanan et al. 2021 section 2.2.2).
-    zero_stage: 0 (plain DP), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters).
+    zero_stage: 0 (plain DP), 1 (optimizer states sharded: Megatron's distributed optimizer),
+        2 (+ gradients, reduce-scattered every micro-batch), 3 (+ parameters: all-gathered for
+        every layer's forward and backward of every micro-batch).
     recompute: ``"none"``, ``"selective"`` (attention core recomputed, Korthikanti et al. 2022)
         or ``"full"`` (each layer's forward recomputed from its input in backward).
     sequence_parallel: Megatron sequence parallelism (norms and dropout sharded over tp;
         all-reduces become reduce-scatter + all-gather of the same volume).
-    precision: a name of ``labsim.precision.PRECISIONS``: ``"bf16"``/``"fp16"`` (mixed
-        precision: 16-bit compute, fp32 master weights), ``"fp32"``, ``"mixed-fp32-grads"``
-        (Megatron-LM's fp32 gradients), ``"autocast-bf16"`` (torch.amp), ``"pure-bf16"``...;
-        ``numerics`` is the ``Precision`` it names (bytes and peak derive from it).
-    overlap_grad_reduce: launch each gradient bucket's reduction as soon as its gradients are
-        final, overlapping it with the rest of backward (PyTorch DDP); False = reduce all
-        gradients after backward (Megatron's "local" DDP of 2021).
-    bucket_bytes: gradient bucket size (PyTorch DDP default ``bucket_cap_mb=25``).
-    attention: ``"flash"`` (fused FlashAttention kernel; no s x s tensor in HBM) or
-        ``"standard"`` (batched GEMMs + fused softmax/dropout kernels over the s x s scores, as
-        Megatron-LM ran in 2021).
-    optimizer: ``"adam"``, ``"sgd"`` or ``"sgd-momentum"`` (memory and optimizer-step cost).
+    precision: a name of ``labsim.precision.PRECISIONS`` (``"bf16"``, ``"fp16"``, ``"fp32"``,
+        ``"mixed-fp32-grads"``, ``"autocast-bf16"``, ``"pure-bf16"`` ...).
+    software: a profile of ``labsim.software.PROFILES`` (``"generic"``, ``"megatron-lm-2021"``,
+        ``"megatron-core-te"``, ``"deepspeed-zero3-2021"``, ``"fsdp"``); the fields below left
+        at None take the profile's value.
+    overlap_grad_reduce: reduce each gradient bucket as soon as it is final, under the rest of
+        backward (PyTorch DDP); False: after the last backward (Megatron's local DDP of 2021).
+    bucket_bytes: gradient bucket size (PyTorch DDP ``bucket_cap_mb=25``).
+    tp_comm_overlap: run tensor-parallel collectives under the GEMMs (Megatron-Core with
+        Transformer Engine); False: blocking, as Megatron-LM 2021.
+    zero3_prefetch: ZeRO-3 layers whose all-gather runs ahead of the one computing.
+    attention: ``"flash"`` (fused kernel; no s x s tensor in HBM) or ``"standard"``.
+    optimizer: ``"adam"``, ``"sgd"`` or ``"sgd-momentum"``.
     """
 
     dp: int = 1
@@ -65,28 +94,34 @@ class Plan:
     recompute: str = "none"
     sequence_parallel: bool = False
     precision: str = "bf16"
-    overlap_grad_reduce: bool = True
-    bucket_bytes: float = 25e6
-    attention: str = "flash"
+    overlap_grad_reduce: bool | None = None
+    bucket_bytes: float | None = None
+    attention: str | None = None
     optimizer: str = "adam"
+    software: str | SoftwareProfile = "generic"
+    tp_comm_overlap: bool | None = None
+    zero3_prefetch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+            object.__setattr__(self, name, _whole(name, getattr(self, name)))
+        if self.gpus > 2**20:
+            raise ValueError(f"dp * tp * pp = {self.gpus:,} GPUs is more than the 1,048,576 "
+                             "this simulator accepts; use smaller degrees")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.dp * self.micro_batch)
-        if not isinstance(self.global_batch, int) or self.global_batch < 1:
-            raise ValueError(f"global_batch={self.global_batch!r}: must be a positive integer")
+        object.__setattr__(self, "global_batch", _whole("global_batch", self.global_batch))
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ValueError(f"global_batch={self.global_batch:,} sequences is more than the "
+                             f"{MAX_GLOBAL_BATCH:,} accepted here (published runs use ~10^4); "
+                             "use a smaller global batch")
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(
                 f"global_batch={self.global_batch} is not divisible by dp * micro_batch = "
                 f"{self.dp} * {self.micro_batch} = {self.dp * self.micro_batch}; choose a "
                 f"global batch that is a multiple of {self.dp * self.micro_batch}"
             )
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule={self.schedule!r}: choose one of {SCHEDULES}")
+        _choice("schedule", self.schedule, SCHEDULES)
         if self.schedule == "interleaved":
             if self.pp < 2:
                 raise ValueError(
@@ -109,7 +144,7 @@ class Plan:
                 f"({self.microbatches}) to be a multiple of pp={self.pp} (Megatron-LM's "
                 f"requirement); change global_batch or micro_batch"
             )
-        if self.zero_stage not in (0, 1, 2, 3):
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: choose 0, 1, 2 or 3")
         if self.zero_stage >= 2 and self.pp > 1:
             raise ValueError(
@@ -117,22 +152,46 @@ class Plan:
                 "sharding do not combine with pipeline parallelism (DeepSpeed's pipeline "
                 "engine refuses ZeRO-2/3); use zero_stage <= 1 or pp = 1"
             )
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute={self.recompute!r}: choose one of {RECOMPUTE}")
+        _choice("recompute", self.recompute, RECOMPUTE)
+        if _flag("sequence_parallel", self.sequence_parallel) is None:
+            raise ValueError("sequence_parallel=None: must be True or False")
+        if not isinstance(self.precision, (str, Precision)):
+            raise ValueError(f"precision={self.precision!r}: must be a name such as 'bf16'")
         try:
             training_precision(self.precision)
         except ValueError as exc:
             raise ValueError(f"precision={self.precision!r}: {exc}") from None
-        if self.attention not in ATTENTION:
-            raise ValueError(f"attention={self.attention!r}: choose one of {ATTENTION}")
-        if self.optimizer not in ("adam", "sgd", "sgd-momentum"):
-            raise ValueError(
-                f"optimizer={self.optimizer!r}: choose 'adam', 'sgd' or 'sgd-momentum'"
-            )
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if not isinstance(self.software, SoftwareProfile) and (
+                not isinstance(self.software, str) or self.software not in PROFILES):
+            raise ValueError(f"software={self.software!r}: choose one of {tuple(PROFILES)}")
+        self._resolve_defaults()
         if self.sequence_parallel and self.tp < 2:
             raise ValueError("sequence_parallel needs tp > 1 (it shards over the TP group)")
-        if self.bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes={self.bucket_bytes!r}: must be > 0")
+
+    def _resolve_defaults(self) -> None:
+        prof = profile(self.software)
+        for name in ("overlap_grad_reduce", "tp_comm_overlap"):
+            value = _flag(name, getattr(self, name))
+            object.__setattr__(self, name, getattr(prof, name) if value is None else value)
+        if self.attention is None:
+            object.__setattr__(self, "attention", prof.attention)
+        _choice("attention", self.attention, ATTENTION)
+        if self.bucket_bytes is None:
+            object.__setattr__(self, "bucket_bytes", prof.bucket_bytes)
+        b = self.bucket_bytes
+        if isinstance(b, bool) or not isinstance(b, numbers.Real) or not math.isfinite(b) or \
+                b <= 0:
+            raise ValueError(f"bucket_bytes={b!r}: must be a finite number of bytes > 0 "
+                             "(PyTorch DDP's default is 25e6)")
+        if b < MIN_BUCKET_BYTES:
+            raise ValueError(f"bucket_bytes={b!r}: buckets below {MIN_BUCKET_BYTES:g} bytes "
+                             "are not simulated (frameworks use megabytes); use >= 1e3")
+        object.__setattr__(self, "bucket_bytes", float(b))
+        if self.zero3_prefetch is None:
+            object.__setattr__(self, "zero3_prefetch", prof.zero3_prefetch)
+        object.__setattr__(self, "zero3_prefetch",
+                           _whole("zero3_prefetch", self.zero3_prefetch, low=0))
 
     @property
     def gpus(self) -> int:
@@ -157,6 +216,9 @@ class Plan:
     def validate_for(self, model: object, gpus: int | None = None) -> None:
         """Check the plan against a model (attributes ``layers``, ``heads``, ``kv_heads``) and,
         if given, the number of GPUs; raise ``ValueError`` naming the fix."""
+        if not all(hasattr(model, a) for a in ("layers", "heads", "hidden")):
+            raise ValueError(f"model must be a labsim.Transformer (e.g. labsim.Transformer."
+                             f"preset('gpt3-175b')), got {type(model).__name__}")
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)
@@ -171,6 +233,12 @@ class Plan:
                 f"are split or replicated evenly"
             )
         chunks = self.pp * self.virtual_stages
+        if chunks > layers:
+            raise ValueError(
+                f"pp * virtual_stages = {self.pp} * {self.virtual_stages} = {chunks} is more "
+                f"than layers={layers}: every model chunk needs at least one layer; use "
+                f"pp * virtual_stages <= {layers}"
+            )
         if layers % chunks:
             raise ValueError(
                 f"layers={layers} is not divisible by pp * virtual_stages = {self.pp} * "

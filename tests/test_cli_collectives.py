@@ -29,3 +29,51 @@ def test_prints_time_algbw_busbw_and_writes_a_trace(tmp_path, capsys):
 def test_bad_input_exits_2_with_a_message(argv, capsys):
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["collective", "allreduce", "1e30"], "1 PiB"),
+    (["collective", "allreduce", "1GiB", "--nodes", "1000000000"], "1,048,576"),
+    (["collective", "allreduce", "1GiB", "--nodes", "4.7"], "whole number"),
+    (["collective", "allreduce", "1GiB", "--nodes", "nan"], "whole number"),
+    (["collective", "allreduce", "1GiB", "--gpus", "9"], "has 8 GPUs"),
+    (["collective", "allreduce", "nan"], "cannot read"),
+    (["collective", "allreduce", "1.5"], "whole number"),
+    (["collective", "allreduce", "1GiB", "--protocol", "LL64"], "LL128"),
+    (["collective", "allreduce", "1GiB", "--algorithm", "hierarchical"],
+     "pass --protocol alpha-beta"),
+    (["collective", "allreduce", "1GiB", "--detail", "most"], "detail"),
+    (["collective", "allreduce", "1GiB", "--trace", "/no/such/folder/t.json"],
+     "does not exist"),
+    (["collective", "allreduce", "1GiB", "--nodes", "1024", "--protocol", "alpha-beta"],
+     "transfers"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert main(argv) == 2
+    assert words in one_line_error(capsys)
+
+
+def test_the_trace_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "t.json"
+    out.write_text("old")
+    import labsim.cli._guard as guard
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(guard.os, "replace", boom)
+    assert main(["collective", "allreduce", "1MiB", "--trace", str(out)]) == 2
+    assert "disk full" in one_line_error(capsys)
+    assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]
+
+
+def test_textbook_algorithms_on_the_command_line(capsys):
+    assert main(["collective", "allreduce", "1GiB", "--nodes", "2", "--algorithm",
+                 "hierarchical", "--protocol", "alpha-beta"]) == 0
+    assert "hierarchical/alpha-beta" in capsys.readouterr().out

@@ -53,3 +53,59 @@ def test_bad_configs_exit_2(text, message, tmp_path, capsys):
 def test_missing_file_exits_2(capsys):
     assert main(["simulate", "no/such/config.toml"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+PRESETS = "[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (PRESETS + "[plan]\ndp=8\nglobal_batch=1e18\n", "whole number"),
+    (PRESETS + "[plan]\ndp=8\nglobal_batch=8000000000000000000\n", "100,000,000"),
+    (PRESETS + "[plan]\ndp=8\nbucket_bytes=1\n", ">= 1e3"),
+    (PRESETS + "[plan]\ndp=8\nbucket_bytes=nan\n", "finite"),
+    (PRESETS + "[plan]\ndp=8\noverlap_grad_reduce='no'\n", "True or False"),
+    (PRESETS + "[plan]\ndp=4.7\n", "whole number"),
+    (PRESETS + "[plan]\ndp=8\npp=99999\n", "at least one layer"),
+    ("[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\nnodes=nan\n[plan]\n",
+     "nodes = nan"),
+    ("[model]\npreset='gpt2-124m'\n[cluster]\ngpu='A100-80GB'\nnodes=1\ngpus_per_node=8\n"
+     "intra_node='nvlink3'\ninter_node='ib-hdr'\n[plan]\ndp=8\npp=1\n[extra]\n", "unknown"),
+    ("[model]\npreset='gpt2-124m'\nlayers='twelve'\n[cluster]\npreset='dgx_a100'\n[plan]\n",
+     "[model]"),
+    ("[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\n[plan]\ndp=8\npp=24\n"
+     "global_batch=24\n", "at least one layer"),
+])
+def test_bad_values_are_one_line_naming_the_key(text, message, tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.count("\n") == 0 and "Traceback" not in err
+
+
+def test_a_hundred_thousand_nodes_is_answered(tmp_path, capsys):
+    path = tmp_path / "big.toml"
+    path.write_text("[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\n"
+                    "nodes=100000\n[plan]\ndp=800000\n")
+    assert main(["simulate", str(path)]) == 0  # one replica is simulated, whatever dp
+    assert "dp=800000" in capsys.readouterr().out
+
+
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path, capsys):
+    path = tmp_path / "utf16.toml"
+    path.write_bytes(PRESETS.encode("utf-16"))
+    assert main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "utf16.toml" in err and "UTF-8" in err
+
+
+def test_trace_into_a_missing_folder_fails_before_simulating(capsys):
+    assert main(["simulate", str(CONFIGS / "gpt3-175b.toml"), "--trace",
+                 "/no/such/dir/t.json"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_closed_form_on_the_command_line(capsys):
+    assert main(["simulate", str(CONFIGS / "gpt3-175b.toml"), "--estimate"]) == 0
+    text = capsys.readouterr().out
+    assert "MFU" in text and "stage 0" not in text

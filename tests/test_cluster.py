@@ -5,7 +5,6 @@ import pytest
 
 from labsim.cluster import Cluster, cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.hardware import link
-from labsim.network import maxmin_rates
 
 
 def test_presets_match_the_datasheets():
@@ -59,13 +58,18 @@ def test_paths_use_ports_inside_a_node_and_nics_across():
     assert len(c.pipe_names()) == c.n_pipes == len(c.pipe_capacities())
 
 
-def test_maxmin_two_flows_on_one_direction_get_half():
-    cap = np.array([10.0, 10.0, 10.0, 4.0])
-    # flows 0 and 1 share pipe 0; flow 2 alone on 2 -> 3 is limited by the 4.0 pipe
-    rates = maxmin_rates(np.array([[0, 1], [0, 2], [2, 3]]), cap)
-    # flow 2 frozen at 4 by pipe 3; pipe 0 splits 5/5; pipe 2 carries 5 + 4 <= 10
-    assert rates.tolist() == pytest.approx([5.0, 5.0, 4.0])
-    # opposite directions are separate pipes: no sharing
-    assert maxmin_rates(np.array([[0, 1], [2, 3]]), np.array([1.0, 1.0, 1.0, 1.0])).tolist() \
-        == [1.0, 1.0]
-    assert maxmin_rates(np.zeros((0, 2), dtype=int), cap).size == 0
+def test_cluster_values_are_checked_and_huge_clusters_refused():
+    with pytest.raises(ValueError, match="nodes must be a whole number"):
+        Cluster("A100-80GB", 4.7, 8, "nvlink3", "ib-hdr")
+    with pytest.raises(ValueError, match="nodes must be a whole number"):
+        Cluster("A100-80GB", float("nan"), 8, "nvlink3", "ib-hdr")
+    with pytest.raises(ValueError, match="1,048,576"):
+        dgx_h100(1_000_000_000)
+    with pytest.raises(ValueError, match="in_network_reduction"):
+        Cluster("A100-80GB", 1, 8, "nvlink3", "ib-hdr", in_network_reduction="yes")
+    with pytest.raises(ValueError, match="cluster name"):
+        cluster(None)  # type: ignore[arg-type]
+
+
+def test_gpu_to_nic_path_follows_the_pcie_generation():
+    assert dgx_a100().gpu_nic_Bps == 24e9 and dgx_h100().gpu_nic_Bps == 48e9

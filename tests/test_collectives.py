@@ -1,10 +1,11 @@
-"""Closed forms: exact small cases, nccl-tests definitions, cluster-aware evaluation."""
+"""Collectives as values: the textbook closed forms, NCCL's tuner, NCCL's channel search, and
+the NCCL model's cost (closed form) of a collective on a cluster."""
 
 import math
 
 import pytest
 
-from labsim.cluster import Cluster, dgx_a100, dgx_h100
+from labsim.cluster import Cluster, dgx_a100, dgx_h100, pcie_box
 from labsim.collectives import (
     ALGORITHMS,
     algbw,
@@ -12,13 +13,19 @@ from labsim.collectives import (
     busbw_factor,
     collective_lower_bound,
     collective_time,
-    collective_time_on,
+    estimate_collective,
+    group_of,
+    plan_collective,
+    strided_group,
 )
+from labsim.collectives.group import topology
+from labsim.collectives.tuner import latency_bandwidth, parse_choice, select
 from labsim.hardware import Link
 
 L = Link("test", bandwidth_Bps=100.0, latency_s=1.0, source="test")  # alpha 1 s, beta 0.01 s/B
 
 
+# -- textbook alpha-beta ---------------------------------------------------------------------
 def test_ring_allreduce_textbook_form():
     # 2(p-1) alpha + 2 (p-1)/p S beta, S divisible by p
     assert collective_time("allreduce", 800, 8, L, achieved=False) == pytest.approx(
@@ -32,14 +39,12 @@ def test_ring_uses_the_biggest_chunk_when_p_does_not_divide_s():
     assert collective_time("allgather", 1, 3, L) == pytest.approx(2 * (1 + 1 / 100))
 
 
-def test_other_algorithms_exact():
+def test_other_textbook_algorithms_exact():
     assert collective_time("allreduce", 100, 5, L, "tree") == pytest.approx(2 * 3 * (1 + 1))
     assert collective_time("allreduce", 100, 8, L, "recursive_doubling") == pytest.approx(3 * 2)
-    # Rabenseifner, S divisible: 2 lg p alpha + 2 (p-1)/p S beta
     assert collective_time("allreduce", 800, 8, L, "rabenseifner") == pytest.approx(
         6 + 2 * 7 / 8 * 8)
     assert collective_time("broadcast", 100, 4, L, "tree") == pytest.approx(2 * 2)
-    # chain, k = 4 pieces of 25 B over 3 hops: (p + k - 2) steps of (alpha + 25 beta)
     assert collective_time("broadcast", 100, 4, L, "ring", piece_bytes=25) == pytest.approx(
         6 * 1.25)
     assert collective_time("alltoall", 90, 3, L) == pytest.approx(2 * (1 + 0.3))
@@ -51,17 +56,30 @@ def test_degenerate_cases_cost_nothing():
             if algo != "hierarchical":
                 assert collective_time(op, 0, 4, L, algo) == 0.0
                 assert collective_time(op, 1e6, 1, L, algo) == 0.0
+    assert estimate_collective("allreduce", 0, dgx_h100(2)).time_s == 0.0
+    assert estimate_collective("allreduce", 10**9, dgx_h100(2), ranks=1).time_s == 0.0
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
         (lambda: collective_time("allscatter", 1, 2, L), "unknown collective"),
-        (lambda: collective_time("allreduce", -1, 2, L), ">= 0 bytes"),
+        (lambda: collective_time("allreduce", -1, 2, L), ">= 0"),
+        (lambda: collective_time("allreduce", float("nan"), 2, L), "finite"),
+        (lambda: collective_time("allreduce", True, 2, L), "finite number"),
+        (lambda: collective_time("allreduce", "64", 2, L), "finite number"),
         (lambda: collective_time("allreduce", 1, 0, L), ">= 1"),
         (lambda: collective_time("allreduce", 1, 6, L, "recursive_doubling"), "power-of-two"),
         (lambda: collective_time("broadcast", 1, 2, L, "rabenseifner"), "no algorithm"),
         (lambda: collective_time("allreduce", 1, 2, L, "hierarchical"), "needs a cluster"),
+        (lambda: collective_time("allreduce", 1, 2, L, protocol="LL"), "alpha-beta"),
+        (lambda: estimate_collective("allreduce", 1e30, dgx_h100(1)), "1 PiB"),
+        (lambda: estimate_collective("allreduce", 1.5, dgx_h100(1)), "whole number"),
+        (lambda: estimate_collective("allreduce", 8, None), "labsim.Cluster"),
+        (lambda: estimate_collective("allreduce", 8, dgx_h100(1), "hierarchical"), "unknown"),
+        (lambda: estimate_collective("allreduce", 8, dgx_h100(1), ranks=[0, 0]), "distinct"),
+        (lambda: estimate_collective("allreduce", 8, dgx_h100(1), ranks=9), "8-GPU"),
+        (lambda: estimate_collective("allreduce", 8, dgx_h100(1), protocol="LL64"), "LL128"),
     ],
 )
 def test_bad_input_raises_value_error(call, message):
@@ -77,7 +95,7 @@ def test_nccl_tests_definitions():
     assert busbw("allreduce", 1e9, 8, 0.5) == pytest.approx(2e9 * 1.75)
 
 
-def test_lower_bound_holds_for_every_algorithm():
+def test_lower_bound_holds_for_every_textbook_algorithm():
     for op, algos in ALGORITHMS.items():
         for algo in algos:
             if algo == "hierarchical":
@@ -88,41 +106,91 @@ def test_lower_bound_holds_for_every_algorithm():
                     assert t >= collective_lower_bound(op, S, n, L) * (1 - 1e-12)
 
 
-def test_on_one_node_the_cluster_form_equals_the_link_form():
+def test_the_textbook_model_on_one_switch_equals_the_link_form():
     c = dgx_a100(1)
-    for op, algos in ALGORITHMS.items():
-        for algo in algos:
-            for n in (2, 3, 4, 8):
-                if algo in ("recursive_doubling", "rabenseifner", "recursive_halving") \
-                        and n & (n - 1):
-                    continue
-                for S in (1, 999, 10**9 + 7):
-                    t = collective_time_on(c, op, S, n, algo)
-                    if algo == "hierarchical":  # one node: hierarchical is the ring
-                        assert t == pytest.approx(collective_time(op, S, n, c.intra_node),
-                                                  rel=1e-9)
-                    else:
-                        assert t == pytest.approx(
-                            collective_time(op, S, n, c.intra_node, algo), rel=1e-9)
+    for op, algo, n in [("allreduce", "ring", 8), ("allreduce", "tree", 5),
+                        ("allgather", "ring", 3), ("alltoall", "pairwise", 4),
+                        ("allreduce", "rabenseifner", 8)]:
+        for S in (1, 999, 10**9 + 7):
+            t = estimate_collective(op, S, c, algo, n, protocol="alpha-beta").time_s
+            assert t == pytest.approx(collective_time(op, S, n, c.intra_node, algo), rel=1e-9)
 
 
-def test_nccl_figures_reproduced_within_ten_percent():
-    S = 8 * 2**30  # nccl-tests figures need >= 8 GB messages
-    a = collective_time_on(dgx_a100(1), "allreduce", S)
-    h = collective_time_on(dgx_h100(1), "allreduce", S)
-    assert busbw("allreduce", S, 8, a) == pytest.approx(230e9, rel=0.10)
-    assert busbw("allreduce", S, 8, h) == pytest.approx(370e9, rel=0.10)
-    # two DGX H100 nodes: bus bandwidth per 400 Gb/s NIC 46-48 GB/s
-    two = collective_time_on(dgx_h100(2), "allreduce", S)
-    assert busbw("allreduce", S, 16, two) / 8 == pytest.approx(47e9, rel=0.10)
+# -- NCCL's tuner and channel search (NCCL 2.30.7) ------------------------------------------
+def test_channel_search_matches_nccl_on_dgx_systems():
+    # A100: 12 NVLink x 20 GB/s = 240: 6 channels at 40, doubled to 12 x 20; 24 to execute
+    a = topology(group_of(dgx_a100(1)))
+    assert (a.ring_channels, a.bw_intra, a.channels) == (12, 20.0, 24)
+    # H100: 18 x 20.6 = 370.8: 6 x 60, doubled to 12 x 30
+    h = topology(group_of(dgx_h100(1)))
+    assert (h.ring_channels, h.bw_intra, h.channels, h.nvls_heads) == (12, 30.0, 24, 8)
+    # 4 DGX H100 nodes: 8 channels at 45 GB/s (8 x 48 > 370.8 NVLink), not doubled (< 50)
+    m = topology(group_of(dgx_h100(4)))
+    assert (m.ring_channels, m.bw_inter, m.channels) == (8, 45.0, 16)
+    # DGX A100 nodes: PCIe 4.0 to the NIC caps a channel at 24 GB/s
+    assert topology(group_of(dgx_a100(2))).bw_inter == 24.0
+    assert topology(group_of(dgx_a100(1))).nvls_heads == 0  # no NVLink SHARP before Hopper
 
 
-def test_groups_across_nodes_go_through_the_nics():
-    c = dgx_h100(4)
-    dp = range(0, 32, 8)  # local GPU 0 of each node: one NIC each, 4 ranks
-    t = collective_time_on(c, "allreduce", 1e9, dp)
-    assert t == pytest.approx(collective_time("allreduce", 1e9, 4, c.inter_node), rel=1e-9)
-    # a PCIe box with one NIC per node: a ring over all GPUs has one channel through it
-    box = Cluster("A100-80GB", 2, 4, "pcie4-x16", "ib-hdr", nics_per_node=1)
-    assert collective_time_on(box, "allreduce", 1e9) > collective_time_on(box, "allreduce",
-                                                                          1e9, 4)
+def test_tuner_tables_give_the_numbers_of_tuning_cc_for_8_h100():
+    # notes derived from tuning.cc: Ring LL 6.6 + 14 x 0.6 = 15.0 us, algbw min(141, 180)*8/14
+    topo = topology(group_of(dgx_h100(1)))
+    lat, bw = latency_bandwidth("allreduce", "ring", "LL", topo)
+    assert lat == pytest.approx(15.0) and bw == pytest.approx(141 * 8 / 14)
+    lat, bw = latency_bandwidth("allreduce", "ring", "Simple", topo)
+    assert lat == pytest.approx(8.4 + 14 * 3.4) and bw == pytest.approx(360 * 8 / 14)
+    lat, bw = latency_bandwidth("allreduce", "nvls", "Simple", topo)
+    assert lat == 25.0 and bw == pytest.approx(8 * 40 * 0.85 * 7 / 8 * 2 * 8 / 14)
+    assert latency_bandwidth("allreduce", "nvls", "LL", topo) == (0.0, 0.0)  # Simple only
+
+
+def test_selection_by_size_like_nccl_and_overrides_like_nccl_algo():
+    topo = topology(group_of(dgx_h100(1)))
+    small = select("allreduce", 1024, topo)
+    large = select("allreduce", 2**30, topo)
+    assert small[:2] == ("ring", "LL") and large[:2] == ("nvls", "Simple")
+    only_ring = select("allreduce", 2**30, topo, parse_choice("ring", ("ring", "nvls"), "algo"))
+    assert only_ring[0] == "ring"
+    assert parse_choice("^LL128", ("LL", "LL128", "Simple"), "proto") == {"LL", "Simple"}
+    with pytest.raises(ValueError, match="no algorithm/protocol available"):
+        select("allreduce", 1024, topo, frozenset({"pat"}))
+    with pytest.raises(ValueError, match="textbook algorithm: pass protocol='alpha-beta'"):
+        parse_choice("hierarchical", ("ring", "tree"), "algo")
+    # PAT is NCCL's choice only with one GPU per node; CollNet only with SHARP switches
+    dp = strided_group(dgx_h100(8), 8, 8)
+    assert plan_collective("allgather", 2**26, dp).algorithm in ("pat", "ring")
+    with pytest.raises(ValueError, match="no algorithm"):
+        plan_collective("allreduce", 2**26, group_of(dgx_h100(4)), "collnet_chain")
+    sharp = Cluster("H100-SXM", 4, 8, "nvlink4", "ib-ndr", in_network_reduction=True)
+    assert plan_collective("allreduce", 2**30, group_of(sharp), "collnet_chain").nic_load > 0
+
+
+def test_strided_groups_equal_listed_groups():
+    c = dgx_h100(16)
+    for size, stride in [(16, 8), (64, 2), (4, 1), (32, 4)]:
+        assert strided_group(c, size, stride) == group_of(c, range(0, size * stride, stride))
+
+
+# -- the NCCL model -------------------------------------------------------------------------
+def test_large_messages_reach_the_published_plateaus():
+    S = 8 * 2**30
+    assert estimate_collective("allreduce", S, dgx_a100(1)).busbw_Bps == pytest.approx(
+        230e9, rel=0.05)  # NCCL maintainers: ~230 GB/s on 8 A100
+    ring = estimate_collective("allreduce", S, dgx_h100(1), "ring")
+    assert ring.busbw_Bps == pytest.approx(370e9, rel=0.05)  # ~370 with NCCL_ALGO=Ring
+    nvls = estimate_collective("allreduce", S, dgx_h100(1))
+    assert nvls.algorithm == "nvls" and nvls.busbw_Bps == pytest.approx(480e9, rel=0.05)
+
+
+def test_costs_scale_the_right_way():
+    g = group_of(dgx_h100(4))
+    times = [plan_collective("allreduce", s, g).time_s for s in (2**10, 2**20, 2**30)]
+    assert times == sorted(times)
+    # a PCIe box's one NIC per node carries what eight NICs carry on a DGX
+    box = pcie_box(2)
+    assert plan_collective("allreduce", 2**30, group_of(box)).time_s > \
+        plan_collective("allreduce", 2**30, group_of(dgx_a100(2))).time_s
+    # line rate is never slower than NCCL-achieved bandwidth
+    c = dgx_a100(2)
+    assert estimate_collective("allreduce", 2**30, c, achieved=False).time_s <= \
+        estimate_collective("allreduce", 2**30, c).time_s

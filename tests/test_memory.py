@@ -145,8 +145,16 @@ def test_training_memory_errors(kwargs: dict, words: str) -> None:
 def test_negative_and_bad_sizes() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         training_memory(-1)
-    with pytest.raises(ValueError, match="parameter count or a Transformer"):
+    with pytest.raises(ValueError, match="parameter count"):
         training_memory("seven billion")
+    with pytest.raises(ValueError, match="parameter count"):
+        training_memory("7e9")  # a string, even a numeric one, is not a count
+    with pytest.raises(ValueError, match="finite"):
+        training_memory(float("nan"))
+    with pytest.raises(ValueError, match="parameter count"):
+        training_memory(True)
+    with pytest.raises(ValueError, match="zero_stage"):
+        training_memory(1e9, zero_stage=True)
     m = Transformer.preset("gpt2-124m")
     with pytest.raises(ValueError, match="micro_batch"):
         activation_memory(m, micro_batch=0)
@@ -164,10 +172,23 @@ def test_negative_and_bad_sizes() -> None:
 def test_dropout_free_models_keep_no_masks() -> None:
     llama = Transformer.preset("llama2-7b")
     assert not llama.dropout
-    s, h, a = llama.seq_len, llama.hidden, llama.heads
-    assert activation_per_layer(llama, micro_batch=1) == s * h * 32 + a * s * s * 4
-    assert activation_per_layer(llama, micro_batch=1, mask_bytes=1) == (
-        s * h * 34 + 5 * a * s * s)
+    s, h, a, f = llama.seq_len, llama.hidden, llama.heads, llama.ffn_hidden
+    # SwiGLU keeps gate and up outputs (2f) and the activation's output (f); K, V as wide as Q
+    split = 2 * (2 * h + 2 * h + 2 * f + f)
+    assert activation_per_layer(llama, micro_batch=1) == pytest.approx(
+        s * (8 * h + split) + a * s * s * 4)
+    assert activation_per_layer(llama, micro_batch=1, mask_bytes=1) == pytest.approx(
+        s * (10 * h + split) + 5 * a * s * s)
+
+
+def test_grouped_query_attention_keeps_narrower_k_and_v() -> None:
+    gqa = Transformer.preset("llama2-70b")  # 8 of 64 heads for K and V
+    full = Transformer(gqa.layers, gqa.hidden, gqa.heads, gqa.seq_len, gqa.vocab,
+                       ffn_hidden=gqa.ffn_hidden, swiglu=True, dropout=False)
+    s, h = gqa.seq_len, gqa.hidden
+    saved = 2 * 2 * (h - gqa.kv_dim) * s  # K and V, 2 bytes each, per token
+    assert activation_per_layer(full, micro_batch=1, recompute="selective") - \
+        activation_per_layer(gqa, micro_batch=1, recompute="selective") == pytest.approx(saved)
 
 
 # ---------------------------------------------------------------- properties

@@ -7,6 +7,25 @@ from labsim.plan import Plan
 from labsim.workload import Transformer
 
 
+def test_profile_defaults_fill_what_the_plan_leaves_open():
+    assert Plan().overlap_grad_reduce and Plan().bucket_bytes == 25e6  # PyTorch DDP
+    old = Plan(software="megatron-lm-2021")
+    assert not old.overlap_grad_reduce and old.attention == "standard"
+    assert not Plan(software="megatron-lm-2021", overlap_grad_reduce=True).tp_comm_overlap
+    assert Plan(software="megatron-core-te").tp_comm_overlap
+    assert Plan(software="deepspeed-zero3-2021").zero3_prefetch == 0
+
+
+def test_the_generic_profile_sits_between_the_calibrated_ones():
+    from labsim.software import PROFILES
+
+    generic = PROFILES["generic"].sustained
+    for arch in ("ampere", "hopper"):
+        fitted = [p.sustained[arch] for p in PROFILES.values()
+                  if p.calibration and arch in p.sustained]
+        assert len(fitted) == 2 and min(fitted) <= generic[arch] <= max(fitted)
+
+
 def test_defaults_and_derived_counts():
     plan = Plan(dp=4, tp=2, pp=2, micro_batch=2, global_batch=64)
     assert plan.gpus == 16
@@ -28,8 +47,21 @@ def test_defaults_and_derived_counts():
         (dict(zero_stage=2, pp=2), "zero_stage <= 1"),
         (dict(recompute="some"), "choose one of"),
         (dict(sequence_parallel=True), "tp > 1"),
-        (dict(tp=0), "positive integer"),
+        (dict(tp=0), "whole number >= 1"),
         (dict(bucket_bytes=0), "> 0"),
+        (dict(bucket_bytes=float("nan")), "finite"),
+        (dict(bucket_bytes=1), ">= 1e3"),
+        (dict(dp=4.7), "whole number"),
+        (dict(dp=float("nan")), "whole number"),
+        (dict(dp=True), "whole number"),
+        (dict(global_batch=10**18), "100,000,000"),
+        (dict(global_batch=1e18), "whole number"),
+        (dict(overlap_grad_reduce="no"), "True or False"),
+        (dict(sequence_parallel="yes", tp=2), "True or False"),
+        (dict(software="megatron"), "choose one of"),
+        (dict(precision=16), "name such as"),
+        (dict(zero_stage=True), "0, 1, 2 or 3"),
+        (dict(dp=2**11, tp=2**10), "1,048,576"),
     ],
 )
 def test_invalid_plans_name_the_fix(kwargs, fragment):
@@ -44,6 +76,8 @@ def test_validate_for_model_and_gpus():
         Plan(tp=8).validate_for(model)
     with pytest.raises(ValueError, match="layers=12 is not divisible by pp"):
         Plan(pp=8).validate_for(model)
+    with pytest.raises(ValueError, match="at least one layer; use pp"):
+        Plan(pp=16).validate_for(model)
     with pytest.raises(ValueError, match="layers=12 is not divisible"):
         Plan(pp=2, schedule="interleaved", virtual_stages=4, global_batch=2).validate_for(model)
     with pytest.raises(ValueError, match="change dp to 4"):

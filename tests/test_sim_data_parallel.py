@@ -41,6 +41,21 @@ def test_scaling_efficiency_nvlink_beats_ib_and_accumulation_helps() -> None:
     assert ib[-1]["efficiency"] < ib[0]["efficiency"]
 
 
+def test_flat_cluster_puts_network_linked_gpus_in_one_gpu_nodes() -> None:
+    ib, nv = flat_cluster("A100-80GB", 16, "ib-hdr"), flat_cluster("A100-80GB", 16, "nvlink3")
+    assert (ib.nodes, ib.gpus_per_node, ib.inter_node.name) == (16, 1, "ib-hdr")
+    assert (nv.nodes, nv.gpus_per_node, nv.intra_node.name) == (1, 16, "nvlink3")
+
+
+def test_one_large_nvlink_domain_scales_without_a_dip() -> None:
+    # NCCL's tuner picks Tree (a chain inside the node) for mid sizes at 128 ranks; its fill
+    # is per tree level, so the chain's length does not make 128 GPUs slower than 256
+    rows = dp_scaling(GPT, [flat_cluster("A100-80GB", n, "nvlink3") for n in (64, 128, 256)],
+                      micro_batch=4)
+    eff = [r["efficiency"] for r in rows]
+    assert eff == sorted(eff, reverse=True) and eff[-1] > 0.95
+
+
 def test_zero_paper_worked_example() -> None:
     got = [round(r["total"] / 1e9, 1) for r in zero_rows(7.5e9, 64)]
     assert got == [120.0, 31.4, 16.6, 1.9]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from labsim.cli._guard import guarded
 from labsim.hardware import GPUS, LINKS
 from labsim.units import fmt_bandwidth, fmt_bytes, fmt_flops
 
@@ -12,6 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sources", action="store_true", help="print each entry's source")
 
 
+@guarded("hardware")
 def run(args: argparse.Namespace) -> int:
     print(f"{'GPU':<11} {'bf16/fp16 dense':>16} {'fp32':>15} {'memory':>8} {'bandwidth':>11}")
     for g in GPUS.values():
@@ -23,11 +25,13 @@ def run(args: argparse.Namespace) -> int:
         if args.sources:
             print(f"    source: {g.source}")
     print()
-    print(f"{'link':<10} {'per direction':>14} {'NCCL achieves':>14} {'latency':>9}")
+    print(f"{'link':<10} {'kind':<7} {'per direction':>14} {'NCCL achieves':>14} "
+          f"{'NCCL topology':>14} {'latency':>9}")
     for lk in LINKS.values():
         print(
-            f"{lk.name:<10} {fmt_bandwidth(lk.bandwidth_Bps):>14} "
-            f"{fmt_bandwidth(lk.achieved_Bps):>14} {lk.latency_s * 1e6:>6.1f} µs"
+            f"{lk.name:<10} {lk.kind:<7} {fmt_bandwidth(lk.bandwidth_Bps):>14} "
+            f"{fmt_bandwidth(lk.achieved_Bps):>14} {fmt_bandwidth(lk.nccl_Bps):>14} "
+            f"{lk.latency_s * 1e6:>6.1f} µs"
         )
         if args.sources:
             print(f"    source: {lk.source}; NCCL: {lk.efficiency_source}")

@@ -1,6 +1,6 @@
 """Simulate one training step from a TOML or JSON config and print a summary.
 
-    labsim simulate configs/gpt3-175b.toml [--trace step.json]
+    labsim simulate configs/gpt3-175b.toml [--trace step.json] [--estimate]
 
 The config has three tables::
 
@@ -9,9 +9,10 @@ The config has three tables::
     [cluster]  preset = "dgx-a100", nodes = 192  (a name of labsim.cluster.PRESETS, or gpu,
                                                nodes, gpus_per_node, intra_node, inter_node,
                                                nics_per_node)
-    [plan]     dp = 16, tp = 8, pp = 12, ...  (any Plan field)
+    [plan]     dp = 16, tp = 8, pp = 12, ...  (any Plan field, software = "megatron-lm-2021")
 
-``--trace`` writes the step's Chrome trace (open it in ui.perfetto.dev or chrome://tracing).
+``--trace`` writes the step's Chrome trace (open it in ui.perfetto.dev or chrome://tracing);
+``--estimate`` prints the closed form (``labsim.estimate_step``) instead of simulating.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
+from labsim.cli._guard import guarded, output_path, write_atomic
 from labsim.cluster import Cluster
 from labsim.cluster import cluster as cluster_preset
 from labsim.plan import Plan
-from labsim.sim.step import StepResult, simulate_step
+from labsim.sim.step import simulate_step
+from labsim.step import StepResult, estimate_step
 from labsim.units import fmt_bytes
 from labsim.workload import Transformer
 
@@ -34,25 +38,43 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the same parser, packaged as tomli (a dependency there)
     import tomli as tomllib
 
+MAX_CONFIG_BYTES = 1_000_000
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="TOML (.toml) or JSON (.json) file: model, cluster, plan")
     parser.add_argument("--trace", metavar="OUT", help="write the Chrome trace JSON here")
+    parser.add_argument("--estimate", action="store_true",
+                        help="the closed form (labsim.estimate_step) instead of the simulation")
 
 
 def load_config(path: str | Path) -> dict:
-    """Read a config file into a dict; ValueError if missing, unparsable or incomplete."""
+    """Read a config file into a dict; ValueError naming the file if it is missing,
+    unreadable, too large, not UTF-8, unparsable or incomplete."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} not found")
-    text = path.read_text(encoding="utf-8")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes; not a config")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") \
+            from None
     try:
         config = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: cannot parse: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: the top level must be a table of [model], [cluster], [plan]")
     unknown = set(config) - {"model", "cluster", "plan"}
     if unknown or not {"model", "cluster", "plan"} <= set(config):
         raise ValueError(f"{path}: needs exactly the tables [model], [cluster] and [plan]"
                          + (f"; unknown: {sorted(unknown)}" if unknown else ""))
+    for key in ("model", "cluster", "plan"):
+        if not isinstance(config[key], dict):
+            raise ValueError(f"{path}: [{key}] must be a table of keys, got "
+                             f"{type(config[key]).__name__}")
     return config
 
 
@@ -62,15 +84,29 @@ def _fields(cls: type, table: dict, name: str, extra: tuple[str, ...] = ()) -> d
     if unknown:
         raise ValueError(f"[{name}] has unknown keys {sorted(unknown)}; allowed: "
                          f"{sorted(allowed)}")
+    for key, value in table.items():  # NaN and infinities are never a valid setting
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"[{name}] {key} = {value}: must be a finite number")
     return {k: v for k, v in table.items() if k not in extra}
 
 
+def _build(what: str, make: object, **kwargs: object) -> object:
+    try:
+        return make(**kwargs)  # type: ignore[operator]
+    except ValueError as exc:
+        raise ValueError(f"[{what}] {exc}") from None
+    except TypeError as exc:  # a wrongly typed value the dataclass could not take
+        raise ValueError(f"[{what}] {exc}") from None
+
+
 def build(config: dict) -> tuple[Transformer, Cluster, Plan]:
-    """The model, cluster and plan a config describes."""
+    """The model, cluster and plan a config describes (ValueError naming the table)."""
     model_t = dict(config["model"])
     fields = _fields(Transformer, model_t, "model", ("preset",))
-    model = (Transformer.preset(model_t["preset"], **fields) if "preset" in model_t
-             else Transformer(**fields))
+    if "preset" in model_t:
+        model = _build("model", Transformer.preset, name=model_t["preset"], **fields)
+    else:
+        model = _build("model", Transformer, **fields)
     cluster_t = dict(config["cluster"])
     if "preset" in cluster_t:
         preset = cluster_t.pop("preset")
@@ -78,11 +114,15 @@ def build(config: dict) -> tuple[Transformer, Cluster, Plan]:
             raise ValueError(f"[cluster] preset = {preset!r} takes only 'nodes' beside it; "
                              f"for another cluster give gpu, nodes, gpus_per_node, intra_node, "
                              f"inter_node")
-        cluster = cluster_preset(str(preset), int(cluster_t.get("nodes", 1)))
+        nodes = cluster_t.get("nodes", 1)
+        _fields(Cluster, {"nodes": nodes}, "cluster")
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ValueError(f"[cluster] nodes = {nodes!r}: must be a whole number >= 1")
+        cluster = _build("cluster", cluster_preset, name=preset, nodes=nodes)
     else:
-        cluster = Cluster(**_fields(Cluster, cluster_t, "cluster"))
-    plan = Plan(**_fields(Plan, dict(config["plan"]), "plan"))
-    return model, cluster, plan
+        cluster = _build("cluster", Cluster, **_fields(Cluster, cluster_t, "cluster"))
+    plan = _build("plan", Plan, **_fields(Plan, dict(config["plan"]), "plan"))
+    return model, cluster, plan  # type: ignore[return-value]
 
 
 def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
@@ -95,7 +135,7 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         f"plan     dp={p.dp} tp={p.tp} pp={p.pp} (v={p.virtual_stages}, {p.schedule}), "
         f"micro-batch {p.micro_batch} x {p.microbatches} per replica, global batch "
         f"{p.global_batch}, ZeRO-{p.zero_stage}, recompute={p.recompute}, "
-        f"attention={p.attention}",
+        f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}",
         f"step     {result.step_time_s:.4g} s   {result.tokens_per_s:,.0f} tokens/s   "
         f"{result.model_flops_per_gpu_s / 1e12:.1f} TFLOP/s per GPU",
         f"MFU      {result.mfu:.1%}   HFU {result.hfu:.1%}   pipeline bubble "
@@ -104,17 +144,23 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         f"{fmt_bytes(result.gpu_memory_bytes)}: params {fmt_bytes(m.params)}, grads "
         f"{fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)}, activations "
         f"{fmt_bytes(m.activations)} -> {'fits' if result.fits else 'DOES NOT FIT'}",
-        "stage 0  " + ", ".join(f"{k} {v:.3g} s" for k, v in sorted(
-            result.breakdown.items(), key=lambda kv: -kv[1])),
     ]
+    if result.breakdown:
+        lines.append("stage 0  " + ", ".join(f"{k} {v:.3g} s" for k, v in sorted(
+            result.breakdown.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines)
 
 
+@guarded("simulate")
 def run(args: argparse.Namespace) -> int:
+    trace_path = output_path(args.trace) if args.trace else None  # fail before simulating
+    if trace_path is not None and args.estimate:
+        raise ValueError("--trace needs the simulation; drop --estimate")
     model, cluster, plan = build(load_config(args.config))
-    result = simulate_step(model, cluster, plan)
+    step = estimate_step if args.estimate else simulate_step
+    result = step(model, cluster, plan)
     print(summary(result, model, cluster))
-    if args.trace:
-        result.trace.to_chrome(args.trace)
-        print(f"trace    {len(result.trace)} spans written to {args.trace}")
+    if trace_path is not None:
+        write_atomic(trace_path, json.dumps(result.trace.to_chrome()))
+        print(f"trace    {len(result.trace)} spans written to {trace_path}")
     return 0

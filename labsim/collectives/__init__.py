@@ -1,9 +1,12 @@
-"""Collective communication as values: the algorithms as data and their closed-form costs.
+"""Collective communication as values: NCCL's model, the textbook algorithms, closed forms.
 
-``schedule``: each algorithm (ring, binomial tree, recursive doubling / halving, Rabenseifner,
-hierarchical, pipelined chain broadcast, pairwise all-to-all) as the steps of transfers it
-makes; ``cost``: the alpha-beta closed forms a lecture derives, and bus bandwidth as
-nccl-tests defines it.  ``labsim.sim.collectives`` is the simulated face of the same names.
+``tuner``: NCCL's own cost model and choice (2.30.7 port); ``group``: a communicator on a
+cluster and NCCL's channel search; ``nccl``: what NCCL's choice physically costs (latency,
+bandwidth, the loads it puts on links); ``schedule``: the textbook algorithms (ring, binomial
+tree, recursive doubling / halving, Rabenseifner, hierarchical, pipelined chain, pairwise) as
+steps of transfers; ``cost``: their alpha-beta closed forms and nccl-tests' busbw;
+``estimate``: the closed-form face on a cluster (``estimate_collective``).
+``labsim.sim.collectives`` is the simulated face of the same names.
 """
 
 from labsim.collectives.cost import (
@@ -11,16 +14,18 @@ from labsim.collectives.cost import (
     busbw,
     busbw_factor,
     collective_lower_bound,
-    collective_s,
     collective_time,
-    collective_time_on,
     crossover_bytes,
-    group_link,
-    wire_bytes,
 )
+from labsim.collectives.estimate import CollectiveResult, estimate_collective
+from labsim.collectives.group import Group, group_of, strided_group
+from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.collectives.schedule import ALGORITHMS, OPS, Pattern, Step, normalize, schedule
+from labsim.collectives.tuner import ALGOS as NCCL_ALGORITHMS
+from labsim.collectives.tuner import PROTOS as NCCL_PROTOCOLS
 
-__all__ = ["ALGORITHMS", "OPS", "Pattern", "Step", "algbw", "busbw",
-           "busbw_factor", "collective_lower_bound", "collective_s", "collective_time",
-           "collective_time_on", "crossover_bytes", "group_link", "normalize", "schedule",
-           "wire_bytes"]
+__all__ = ["ALGORITHMS", "NCCL_ALGORITHMS", "NCCL_PROTOCOLS", "OPS", "CollectiveCost",
+           "CollectiveResult", "Group", "Pattern", "Step", "algbw", "busbw", "busbw_factor",
+           "collective_lower_bound", "collective_time", "crossover_bytes",
+           "estimate_collective", "group_of", "normalize", "plan_collective", "schedule",
+           "strided_group"]

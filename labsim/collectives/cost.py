@@ -1,4 +1,5 @@
-"""Closed forms of collective communication: the alpha-beta costs a lecture derives.
+"""The textbook closed forms of collective communication (alpha-beta), and nccl-tests'
+bandwidth definitions.
 
 ``collective_time(op, nbytes, n, link, algorithm)`` is the time for ``n`` ranks, each with a
 port of ``link`` into one non-blocking switch, alpha = ``link.latency_s`` per step and
@@ -18,46 +19,29 @@ the output, for all-to-all what one rank sends in total).  Chunks are whole byte
 ``p`` does not divide ``S`` the biggest chunk, ``ceil(S/p)``, sets the pace of every step.
 
 **Which bandwidth.** ``achieved=True`` (the default) uses what NCCL really reaches on the link
-(``Link.achieved_Bps``: ~230 of 300 GB/s on A100 NVLink), so predictions match measurements;
-``achieved=False`` uses the line rate, the textbook bound.  The simulator takes the same flag.
+(``Link.achieved_Bps``: ~230 of 300 GB/s on A100 NVLink); ``achieved=False`` the line rate,
+the textbook bound.
 
-**On a cluster** (``collective_time_on``) the group may span nodes: the same algorithms run
-over the cluster's network model (``labsim.cluster``), where flows share links.  This is what
-a training-step model should call for tensor-parallel (inside a node) and data-parallel
-(across nodes) traffic::
-
-    tp_group = range(0, 8)                        # one DGX node
-    dp_group = range(0, cluster.world_size, 8)    # local GPU 0 of every node
-    t_tp = collective_time_on(cluster, "allreduce", 2 * b * s * h, tp_group)
-    t_dp = collective_time_on(cluster, "allreduce", 2 * params / tp, dp_group)
-
-It times one collective alone on the network; concurrent collectives that share NICs (all
-eight DP groups of a DGX at once) need the simulator (``labsim.sim``), or the bandwidth
-shares in ``Cluster.nic_Bps_per_gpu``.
+These are the lecture's model.  What NCCL really does on a cluster -- protocols, Ring, Tree,
+NVLS, channels, per-hop latencies -- is ``labsim.collectives.nccl``;
+``labsim.estimate_collective`` and ``labsim.simulate_collective`` run either model (the
+textbook one with ``protocol="alpha-beta"``), and ``collective_time`` given a cluster instead
+of ``n, link`` is ``estimate_collective(...).time_s``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from labsim.cluster import Cluster
-from labsim.collectives.schedule import (
-    ALGORITHMS,
-    OPS,
-    PIPELINE_BYTES,
-    normalize,
-    schedule,
-)
+from labsim.collectives.schedule import ALGORITHMS, OPS, PIPELINE_BYTES, normalize
 from labsim.hardware import Link, link
-from labsim.network import PatternRates, steps_time
+
+if TYPE_CHECKING:
+    from labsim.cluster import Cluster
 
 __all__ = ["ALGORITHMS", "OPS", "algbw", "busbw", "busbw_factor", "collective_lower_bound",
-           "crossover_bytes",
-           "collective_time", "collective_time_on"]
+           "collective_time", "crossover_bytes"]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -87,18 +71,31 @@ def _alpha_beta(lk: Link | str, achieved: bool) -> tuple[float, float]:
     return lk.latency_s, 1.0 / (lk.achieved_Bps if achieved else lk.bandwidth_Bps)
 
 
-def collective_time(op: str, nbytes: float, n: int, link: Link | str,
-                    algorithm: str = "ring", *, achieved: bool = True,
-                    piece_bytes: int = PIPELINE_BYTES) -> float:
-    """Seconds for ``op`` on ``nbytes`` among ``n`` ranks behind one switch of ``link`` ports.
+def collective_time(op: str, nbytes: float, n: int | Cluster, link: Link | str | None = None,
+                    algorithm: str | None = None, *, achieved: bool = True,
+                    piece_bytes: int = PIPELINE_BYTES, protocol: str | None = None,
+                    ranks: object = None) -> float:
+    """Seconds for ``op`` on ``nbytes`` among ``n`` ranks behind one switch of ``link`` ports
+    (the textbook alpha-beta forms of the module doc).
 
-    ``algorithm``: see ``ALGORITHMS[op]``; power-of-two algorithms raise ValueError for other
-    ``n``.  ``piece_bytes`` is the pipelining unit of the chain broadcast.
+    ``algorithm``: see ``ALGORITHMS[op]`` (default ``"ring"``); power-of-two algorithms raise
+    ValueError for other ``n``.  ``piece_bytes`` is the pipelining unit of the chain
+    broadcast.  Given a ``Cluster`` instead of ``n`` (and no ``link``), this is
+    ``labsim.estimate_collective(op, nbytes, cluster, algorithm, ranks, protocol=...)``'s time
+    (the NCCL model by default).
     """
-    op, algo = normalize(op, algorithm, n, nbytes)
+    if link is None:
+        from labsim.collectives.estimate import estimate_collective
+
+        return estimate_collective(op, nbytes, n, algorithm or "auto", ranks,
+                                   protocol=protocol or "auto", achieved=achieved).time_s
+    if protocol not in (None, "alpha-beta"):
+        raise ValueError(f"protocol={protocol!r}: n ranks on a link have only the textbook "
+                         "alpha-beta model; pass a Cluster for the NCCL protocols")
+    op, algo = normalize(op, algorithm or "ring", n, nbytes)
     if algo == "hierarchical":
         raise ValueError("hierarchical all-reduce needs a cluster (nodes x GPUs): use "
-                         "collective_time_on(cluster, ...)")
+                         "collective_time(op, nbytes, cluster, ...)")
     a, b = _alpha_beta(link, achieved)
     S, p = int(nbytes), int(n)
     if p == 1 or S == 0:
@@ -135,46 +132,6 @@ def collective_lower_bound(op: str, nbytes: float, n: int, link: Link | str, *,
     return a + busbw_factor(op, n) * nbytes * b
 
 
-def group_ranks(cluster: Cluster, ranks: Iterable[int] | int | None) -> list[int]:
-    if ranks is None:
-        return list(range(cluster.world_size))
-    if isinstance(ranks, (int, np.integer)):
-        if not 1 <= ranks <= cluster.world_size:
-            raise ValueError(f"group of {ranks} ranks on a {cluster.world_size}-GPU cluster")
-        return list(range(int(ranks)))
-    out = [int(r) for r in ranks]
-    for r in out:
-        cluster.node_of(r)  # range check
-    if not out:
-        raise ValueError("a collective needs at least one rank")
-    return out
-
-
-
-
-
-
-
-
-def collective_time_on(cluster: Cluster, op: str, nbytes: float,
-                       ranks: Sequence[int] | int | None = None, algorithm: str = "ring", *,
-                       achieved: bool = True, piece_bytes: int = PIPELINE_BYTES) -> float:
-    """Seconds for ``op`` among ``ranks`` (default: all; an int n: ranks 0..n-1) of
-    ``cluster``, alone on its network.
-
-    A group inside one node uses the ``intra_node`` link; a group across nodes goes through
-    the NICs, and a ring then runs one channel per NIC the group can use (as NCCL does).
-    Each step lasts its largest latency plus its slowest transfer at max-min fair rates;
-    inside one node with one ring this equals ``collective_time`` exactly.
-    """
-    group = group_ranks(cluster, ranks)
-    steps = schedule(op, nbytes, group, algorithm, cluster, piece_bytes)
-    return steps_time(steps, PatternRates(cluster, achieved))
-
-
-assert set(OPS) == set(ALGORITHMS)
-
-
 def crossover_bytes(op: str, n: int, link: Link | str, small: str = "tree",
                     large: str = "ring", *, achieved: bool = True,
                     max_bytes: float = 2**40) -> float:
@@ -198,39 +155,3 @@ def crossover_bytes(op: str, n: int, link: Link | str, small: str = "tree",
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
     return float(hi)
-
-
-_WIRE_FACTOR = {"allreduce": 2.0, "reduce_scatter": 1.0, "allgather": 1.0}
-
-
-def collective_s(op: str, nbytes: float, n: int, link: Link) -> float:
-    """Closed-form ring collective time (``labsim.collectives``); zero for a group of one."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return collective_time(op, int(round(nbytes)), n, link)
-
-
-def wire_bytes(op: str, nbytes: float, n: int) -> float:
-    """Bytes each GPU sends in a ring collective of an ``nbytes`` buffer over ``n`` GPUs."""
-    return _WIRE_FACTOR[op] * (n - 1) / n * nbytes if n > 1 else 0.0
-
-
-def group_link(cluster: Cluster, size: int, stride: int) -> Link:
-    """The link a ring over ``size`` GPUs whose ranks are ``stride`` apart runs at.
-
-    Inside one node: the intra-node link.  Across nodes: NCCL runs one ring channel per NIC
-    the group's GPUs in a node use, so the inter-node bandwidth is that many NICs (capped by
-    the intra-node link).  Equals ``labsim.collectives.collective_time_on`` on the group's
-    ranks for ring collectives (tested) at O(1) cost, so the cost of simulating a step does
-    not grow with dp.
-    """
-    g = cluster.gpus_per_node
-    if (size - 1) * stride + 1 <= g:
-        return cluster.intra_node
-    local = list(range(0, g, stride))[:size] if stride < g else [0]
-    nics = len({i * cluster.nics_per_node // g for i in local})
-    inter = cluster.inter_node
-    cap = cluster.intra_node.achieved_Bps / inter.nccl_efficiency
-    return replace(inter, bandwidth_Bps=min(nics * inter.bandwidth_Bps, cap))
-
-

@@ -16,6 +16,7 @@ sizes that do not divide evenly are exact.  Algorithms follow Thakur, Rabenseifn
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
@@ -41,12 +42,17 @@ PIPELINE_BYTES = 4 * 2**20 // 8
 
 def normalize(op: str, algorithm: str, n: int, nbytes: float) -> tuple[str, str]:
     """Validate ``op``/``algorithm``/``n``/``nbytes``; return canonical names or raise."""
-    op_key = str(op).lower().replace("-", "_")
+    if not isinstance(op, str):
+        raise ValueError(f"op must be a collective's name ({', '.join(OPS)}), got {op!r}")
+    op_key = op.lower().replace("-", "_")
     op_key = {"all_reduce": "allreduce", "all_gather": "allgather", "all_to_all": "alltoall",
               "reducescatter": "reduce_scatter"}.get(op_key, op_key)
     if op_key not in OPS:
         raise ValueError(f"unknown collective {op!r}; choose one of {', '.join(OPS)}")
-    algo = ALIASES.get(str(algorithm).lower(), str(algorithm).lower())
+    if not isinstance(algorithm, str):
+        raise ValueError(f"algorithm must be a name ({', '.join(ALGORITHMS[op_key])}), got "
+                         f"{algorithm!r}")
+    algo = ALIASES.get(algorithm.lower(), algorithm.lower())
     if op_key == "alltoall" and algo == "ring":
         algo = "pairwise"  # the rotating pairwise exchange is all-to-all's ring
     if algo not in ALGORITHMS[op_key]:
@@ -54,14 +60,16 @@ def normalize(op: str, algorithm: str, n: int, nbytes: float) -> tuple[str, str]
             f"{op_key} has no algorithm {algorithm!r}; choose one of "
             f"{', '.join(ALGORITHMS[op_key])}"
         )
-    if not isinstance(n, (int, np.integer)) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"the number of ranks must be a whole number >= 1, got {n!r}")
     if algo in POWER_OF_TWO and n & (n - 1):
         raise ValueError(
             f"{algo} needs a power-of-two number of ranks, got {n}; use 'ring' (any n)"
         )
-    if not np.isfinite(nbytes) or nbytes < 0:
-        raise ValueError(f"message size must be >= 0 bytes, got {nbytes!r}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real) or \
+            not np.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"message size (nbytes) must be a finite number of bytes >= 0, got "
+                         f"{nbytes!r}")
     if nbytes != int(nbytes):
         raise ValueError(f"message size must be a whole number of bytes, got {nbytes!r}")
     return op_key, algo
@@ -79,12 +87,13 @@ def split_sizes(total: int, parts: int) -> np.ndarray:
 class Pattern:
     """The sender -> receiver pairs of a step (global ranks), shared by steps alike."""
 
-    __slots__ = ("src", "dst", "key")
+    __slots__ = ("src", "dst", "key", "routes")
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, key: object) -> None:
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         self.key = key
+        self.routes: dict = {}  # cluster -> its pipes and alpha (labsim.collectives.estimate)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -346,6 +355,6 @@ def schedule(op: str, nbytes: float, ranks: Sequence[int], algorithm: str = "rin
     if algo == "pairwise":
         return _pairwise_steps(nbytes, ranks)
     if cluster is None:
-        raise ValueError("hierarchical all-reduce needs a cluster: use collective_time_on "
-                         "or simulate_collective")
+        raise ValueError("hierarchical all-reduce needs a cluster: use "
+                         "estimate_collective or simulate_collective")
     return _hierarchical_steps(nbytes, ranks, cluster)

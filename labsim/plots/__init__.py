@@ -7,7 +7,7 @@ pyplot's global figure list, shown once by IPython) and never calls ``plt.show``
 """
 
 from labsim.plots.checkpointing import recompute_tradeoff
-from labsim.plots.collectives import busbw_curves
+from labsim.plots.collectives import busbw_curves, published_curve
 from labsim.plots.data_parallel import bucket_curve, scaling_curves
 from labsim.plots.loading import sweep_figure, utilisation_timeline
 from labsim.plots.memory import memory_bars

@@ -11,8 +11,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from labsim.collectives import CollectiveResult
 from labsim.plots._figure import new_figure
-from labsim.sim.collectives import CollectiveResult
 
 
 def link_utilisation(result: CollectiveResult, *, ax: Axes | None = None,

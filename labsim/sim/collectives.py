@@ -1,192 +1,139 @@
-"""Collectives as simpy processes: the simulated face of ``labsim.collectives``.
+"""Collectives in simpy: the simulated face of ``labsim.estimate_collective`` (same arguments,
+same ``CollectiveResult``).
 
-``simulate_collective`` moves every chunk of a collective's schedule over the cluster's
-shared links and records the transfers in a ``Trace``.  ``run_collective`` is the same thing
-as a process inside a simulation you own (a training step runs many collectives at once on
-one ``Network``, and they contend for links).
+* NCCL model (default): the collective is one flow on the cluster's network (``labsim.network
+  .collective_flow``: its loads on every member's port and every NIC it uses), after NCCL's
+  latency; the trace has one span per rank (``"comm"``), labelled with NCCL's choice.
+* Textbook model (``protocol="alpha-beta"``): every step of the schedule is a flow of its
+  transfers' bytes after the step's alpha; steps follow each other.  Trace ``detail``:
+  ``"full"`` one span per transfer (ending in proportion to its bytes), ``"step"`` one per
+  step, ``"phase"`` one per phase, ``"auto"`` full up to 20 000 transfers, else step up to
+  20 000 steps, else phase.
 
-Trace detail (``detail=``) chooses what is recorded, never what is simulated, so times are
-identical at every level:
-
-* ``"full"``: one span per transfer, on the sender's ``comm`` stream (its end is when that
-  transfer's bytes were through at the rate it started with);
-* ``"step"``: one span per step on the group's first rank (label, bytes of the whole step);
-* ``"phase"``: one span per phase (reduce-scatter, inter-node, ...) on the first rank;
-* ``"auto"``: ``full`` up to 20 000 transfers, else ``step`` up to 20 000 steps, else ``phase``.
+``start_collective`` runs one inside a simulation you own, beside other traffic on the same
+``Network`` (a training step does so; ``labsim.sim.step``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Generator
 
 import numpy as np
 import simpy
 
 from labsim.cluster import Cluster
-from labsim.collectives.cost import algbw, busbw_factor, group_ranks
-from labsim.collectives.schedule import PIPELINE_BYTES, Step, normalize, schedule
+from labsim.collectives.estimate import (
+    TEXTBOOK,
+    CollectiveResult,
+    _result,
+    resolve,
+    step_pipes,
+    textbook_steps,
+)
+from labsim.collectives.group import group_of
+from labsim.collectives.nccl import NCCL_OPS, plan_collective
+from labsim.collectives.schedule import PIPELINE_BYTES, Step, normalize
+from labsim.network import collective_flow
 from labsim.sim.network import Network
 from labsim.trace import Trace
-from labsim.units import fmt_bandwidth, fmt_bytes, fmt_time
 
 DETAILS = ("full", "step", "phase", "auto")
 AUTO_LIMIT = 20_000
 
 
-@dataclass(frozen=True, repr=False)
-class CollectiveResult:
-    """One simulated collective: time, nccl-tests bandwidths, the trace and link loads.
-
-    ``algbw_Bps`` = S / t; ``busbw_Bps`` = algbw x nccl-tests factor (all-reduce 2(n-1)/n).
-    ``pipe_bytes[i]`` is what pipe ``i`` of ``cluster`` carried (``cluster.pipe_names()``).
-    """
-
-    op: str
-    algorithm: str
-    nbytes: float
-    n: int
-    time_s: float
-    algbw_Bps: float
-    busbw_Bps: float
-    trace: Trace
-    cluster: Cluster
-    steps: int
-    transfers: int
-    events: int
-    network: Network = field(compare=False, repr=False)
-    achieved: bool = True
-
-    @cached_property
-    def pipe_bytes(self) -> np.ndarray:
-        """Bytes each pipe carried (index as ``cluster.pipe_names()``)."""
-        return self.network.pipe_bytes
-
-    def __repr__(self) -> str:
-        return (f"CollectiveResult({self.op} {self.algorithm}, {fmt_bytes(self.nbytes)} on "
-                f"{self.n} GPUs of {self.cluster.name}: {fmt_time(self.time_s)}, algbw "
-                f"{fmt_bandwidth(self.algbw_Bps)}, busbw {fmt_bandwidth(self.busbw_Bps)}, "
-                f"{self.steps} steps, {self.transfers} transfers)")
-
-    def link_utilisation(self) -> dict[str, float]:
-        """Fraction of the run each pipe was busy at its full bandwidth (used pipes only)."""
-        cap = self.cluster.pipe_capacities(self.achieved)
-        names = self.cluster.pipe_names()
-        if self.time_s <= 0:
-            return {}
-        util = self.pipe_bytes / (cap * self.time_s)
-        return {names[i]: float(util[i]) for i in np.flatnonzero(self.pipe_bytes)}
-
-
-def _full_spans(trace: Trace, stream: str, step: Step, start: float, end: float,
-                alpha: float, rates: np.ndarray) -> None:
-    src, dst = step.pattern.src, step.pattern.dst
-    ends = np.minimum(start + alpha + step.nbytes / rates, end)
-    for i in range(len(src)):
-        trace.add(int(src[i]), stream, "send", start, float(ends[i]),
-                  f"{step.label} -> {int(dst[i])}", float(step.nbytes[i]), dst=int(dst[i]),
-                  phase=step.phase)
-
-
-def _coarse_spans(trace: Trace, stream: str, records: list[tuple], level: str) -> None:
-    """records: (start, end, label, phase, bytes, first rank, transfers) per step."""
-    if level == "step":
-        for start, end, label, phase, nbytes, rank, m in records:
-            trace.add(rank, stream, "comm", start, end, label, nbytes, transfers=m,
-                      phase=phase)
-        return
-    i = 0
-    while i < len(records):
-        j = i
-        while j + 1 < len(records) and records[j + 1][3] == records[i][3]:
-            j += 1
-        group = records[i:j + 1]
-        trace.add(records[i][5], stream, "comm", records[i][0], records[j][1], records[i][3],
-                  sum(r[4] for r in group), steps=len(group),
-                  transfers=sum(r[6] for r in group))
-        i = j + 1
-
-
-def run_collective(network: Network, steps: Iterable[Step], trace: Trace | None = None,
-                   detail: str = "auto", stream: str = "comm") -> Generator:
-    """A simpy process body: run ``steps`` one after another on ``network``.
-
-    Spans go into ``trace`` (if given) on ``stream`` at ``detail`` (module doc) once the
-    collective ends; the process value is ``(steps, transfers, detail used)``.
-    """
-    if detail not in DETAILS:
-        raise ValueError(f"detail must be one of {DETAILS}, got {detail!r}")
-    env = network.env
-    records: list[tuple] = []
-    full: list[tuple] | None = [] if detail in ("full", "auto") else None
-    moved = count = 0
+def run_steps(net: Network, cluster: Cluster, steps: list[Step],
+              records: list[tuple]) -> Generator:
+    """A simpy process body: the textbook steps one after another; appends (start, end,
+    step) to ``records``."""
     for step in steps:
-        start = env.now
-        rates = yield network.transfer(step)
-        moved += len(step)
-        count += 1
-        if trace is None:
-            continue
-        records.append((start, env.now, step.label, step.phase, step.total_bytes,
-                        int(step.pattern.src[0]), len(step)))
-        if full is not None:
-            if detail == "auto" and moved > AUTO_LIMIT:
-                full = None
-            else:
-                full.append((step, start, env.now, network.patterns.get(step.pattern)[1],
-                             rates))
-    if detail == "auto":
-        detail = ("full" if full is not None else
-                  "step" if len(records) <= AUTO_LIMIT else "phase")
-    if trace is not None:
-        if detail == "full":
-            for args in full or ():
-                _full_spans(trace, stream, *args)
-        else:
-            _coarse_spans(trace, stream, records, detail)
-    return count, moved, detail
+        pipes, loads, alpha = step_pipes(step, cluster)
+        heaviest = float(loads.max()) if len(pipes) else 0.0
+        start = net.env.now
+        if heaviest > 0:
+            yield net.flow(heaviest, pipes, loads / heaviest, latency=alpha)
+        elif alpha > 0:
+            yield net.env.timeout(alpha)
+        records.append((start, net.env.now, step))
 
 
-def start_collective(network: Network, op: str, nbytes: float, ranks: Sequence[int],
-                     algorithm: str = "ring", *, trace: Trace | None = None,
-                     detail: str = "step", stream: str = "comm",
-                     piece_bytes: int = PIPELINE_BYTES) -> simpy.Process:
-    """Start ``op`` among ``ranks`` as a process on a network you own, next to other work.
+def _trace_steps(records: list[tuple], detail: str) -> Trace:
+    trace = Trace(detail=detail)
+    if detail == "full":
+        for start, end, step in records:
+            ends = start + (end - start) * step.nbytes / step.max_bytes
+            for i, (src, dst) in enumerate(zip(step.pattern.src, step.pattern.dst)):
+                trace.add(int(src), "comm", "send", start, float(ends[i]),
+                          f"{step.label} -> {int(dst)}", float(step.nbytes[i]), dst=int(dst),
+                          phase=step.phase)
+    elif detail == "step":
+        for start, end, step in records:
+            trace.add(int(step.pattern.src[0]), "comm", "comm", start, end, step.label,
+                      step.total_bytes, transfers=len(step), phase=step.phase)
+    else:
+        i = 0
+        while i < len(records):
+            j = i
+            while j + 1 < len(records) and records[j + 1][2].phase == records[i][2].phase:
+                j += 1
+            group = records[i:j + 1]
+            trace.add(int(records[i][2].pattern.src[0]), "comm", "comm", records[i][0],
+                      records[j][1], records[i][2].phase,
+                      sum(r[2].total_bytes for r in group), steps=len(group),
+                      transfers=sum(len(r[2]) for r in group))
+            i = j + 1
+    return trace
 
-    For a training step: one ``Network`` per simulation, then e.g.
-    ``yield start_collective(net, "allreduce", grad_bytes, dp_group, trace=tr,
-    stream="dp-comm")`` inside a rank's process.  Collectives started at the same time share
-    the links they both use (max-min fair), so concurrent TP and DP traffic slow each other
-    down exactly where they meet.
-    """
-    steps = schedule(op, nbytes, list(ranks), algorithm, network.cluster, piece_bytes)
-    return network.env.process(run_collective(network, steps, trace, detail, stream))
+
+def start_collective(net: Network, cluster: Cluster, op: str, nbytes: float, ranks: list,
+                     algorithm: str = "auto", protocol: str = "auto") -> simpy.Event:
+    """Start ``op`` among ``ranks`` on a network of ``cluster.pipe_capacities()`` you own (NCCL
+    model); the event fires when it is done.  Collectives started together share the links
+    they both use."""
+    cost = plan_collective(op, nbytes, group_of(cluster, ranks), algorithm, protocol)
+    pipes, loads = collective_flow(cluster, ranks, cost)
+    return net.flow(cost.nbytes, pipes, loads, cost.cap_Bps, cost.latency_s)
 
 
-def simulate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str = "ring",
-                        ranks: Sequence[int] | int | None = None, *, achieved: bool = True,
-                        detail: str = "auto", piece_bytes: int = PIPELINE_BYTES,
-                        ) -> CollectiveResult:
-    """Simulate ``op`` on ``nbytes`` (nccl-tests size) among ``ranks`` of ``cluster``.
-
-    ``ranks``: None for every GPU, an int n for ranks 0..n-1, or a list of ranks.  Alone on
-    one node with one ring this equals ``collective_time`` to rounding error.
-    """
-    group = group_ranks(cluster, ranks)
-    op, algo = normalize(op, algorithm, len(group), nbytes)
+def simulate_collective(op: str, nbytes: float, cluster: Cluster, algorithm: str = "auto",
+                        ranks: object = None, *, protocol: str = "auto",
+                        achieved: bool = True, detail: str = "auto",
+                        piece_bytes: int = PIPELINE_BYTES) -> CollectiveResult:
+    """Simulate ``op`` on ``nbytes`` (nccl-tests size) among ``ranks`` (None: every GPU; an int
+    n: ranks 0..n-1; or a list) of ``cluster`` (module doc)."""
     if detail not in DETAILS:
         raise ValueError(f"detail must be one of {DETAILS}, got {detail!r}")
-    nbytes = int(nbytes)
+    op, size, members = resolve(op, nbytes, cluster, ranks)
+    n = len(members)
     env = simpy.Environment()
-    network = Network(env, cluster, achieved)
-    trace = Trace()
-    proc = env.process(run_collective(
-        network, schedule(op, nbytes, group, algo, cluster, piece_bytes), trace, detail))
+    net = Network(env, cluster.pipe_capacities(achieved))
+    if protocol == TEXTBOOK:
+        if algorithm == "auto":
+            algorithm = "ring" if op != "alltoall" else "pairwise"
+        steps = textbook_steps(op, size, members, cluster, algorithm, piece_bytes)
+        records: list[tuple] = []
+        env.process(run_steps(net, cluster, steps, records))
+        env.run()
+        transfers = sum(len(s) for s in steps)
+        if detail == "auto":
+            detail = ("full" if transfers <= AUTO_LIMIT else
+                      "step" if len(steps) <= AUTO_LIMIT else "phase")
+        _, algo = normalize(op, algorithm, n, size)
+        return _result(op, algo, TEXTBOOK, size, n, float(env.now), cluster, 0, len(steps),
+                       transfers, achieved, net.moved.copy(), _trace_steps(records, detail),
+                       net.events)
+    if op not in NCCL_OPS:
+        raise ValueError(f"{op} has no NCCL model; use protocol='alpha-beta'")
+    cost = plan_collective(op, size, group_of(cluster, members), algorithm, protocol)
+    pipes, loads = collective_flow(cluster, members, cost)
+    done = net.flow(cost.nbytes, pipes, loads, cost.cap_Bps, cost.latency_s)
     env.run()
-    steps, transfers, trace.detail = proc.value
-    t = float(env.now)
-    n = len(group)
-    return CollectiveResult(
-        op, algo, float(nbytes), n, t, algbw(nbytes, t), algbw(nbytes, t) * busbw_factor(op, n),
-        trace, cluster, steps, transfers, network.events, network, achieved)
+    t = float(env.now) if done.triggered else 0.0
+    trace = Trace(detail="rank")
+    label = f"{op} {cost.algorithm}/{cost.protocol}, {cost.channels} channels"
+    shown = members if n <= AUTO_LIMIT else members[:1]
+    for r in shown:
+        trace.add(int(r), "comm", "comm", 0.0, t, label, size)
+    moved = net.moved.copy()
+    np.maximum(moved, 0.0, out=moved)
+    return _result(op, cost.algorithm, cost.protocol, size, n, t, cluster, cost.channels, 1,
+                   n, achieved, moved, trace, net.events)

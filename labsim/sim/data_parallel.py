@@ -7,8 +7,9 @@
   backward ends, carries most of the bytes and nothing is left to overlap it with.
 * ``dp_scaling``: scaling efficiency T(1) N / T(N) ... as tokens/s(N) / (N tokens/s(1)) for
   a fixed per-GPU batch (weak scaling), with ``accumulation`` micro-batches per step.
-* ``flat_cluster``: N GPUs all joined by one kind of link (a single "node" of N GPUs on
-  ``link``), to compare NVLink with InfiniBand at the same GPU count.
+* ``flat_cluster``: N GPUs all joined by one kind of link (one NVLink or PCIe switch of N
+  GPUs, or N one-GPU nodes on InfiniBand), to compare NVLink with InfiniBand at the same GPU
+  count.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from labsim.cluster import Cluster
+from labsim.hardware import link as labsim_link
 from labsim.plan import Plan
-from labsim.sim.step import StepResult, simulate_step
+from labsim.sim.step import simulate_step
+from labsim.step import StepResult
 from labsim.workload import Transformer
 
 __all__ = ["bucket_sweep", "dp_scaling", "exposed_comm_s", "flat_cluster"]
@@ -26,7 +29,7 @@ __all__ = ["bucket_sweep", "dp_scaling", "exposed_comm_s", "flat_cluster"]
 
 def exposed_comm_s(result: StepResult) -> float:
     """Seconds of the step not covered by stage 0's compute or optimizer (pp = 1 plans)."""
-    busy = sum(v for k, v in result.breakdown.items() if k != "comm")
+    busy = sum(v for k, v in result.breakdown.items() if k not in ("comm", "send"))
     return max(0.0, result.step_time_s - busy)
 
 
@@ -42,8 +45,13 @@ def bucket_sweep(model: Transformer, cluster: Cluster, plan: Plan,
 
 
 def flat_cluster(gpu: str, n: int, link: str) -> Cluster:
-    """``n`` GPUs in one switch domain where every pair talks over ``link``."""
-    return Cluster(gpu, 1, n, link, link, name=f"{n}x{gpu} all on {link}")
+    """``n`` GPUs where every pair talks over ``link``: one switch domain of ``n`` GPUs for a
+    GPU link (NVLink, PCIe), ``n`` one-GPU nodes with a NIC each on a non-blocking fabric for
+    a network link (InfiniBand, Ethernet), which is how NCCL sees such a machine."""
+    chosen = labsim_link(link)
+    if chosen.kind == "net":
+        return Cluster(gpu, n, 1, "nvlink3", chosen, 1, name=f"{n}x{gpu} all on {chosen.name}")
+    return Cluster(gpu, 1, n, chosen, chosen, name=f"{n}x{gpu} all on {chosen.name}")
 
 
 def dp_scaling(model: Transformer, clusters: Sequence[Cluster], *, micro_batch: int = 1,

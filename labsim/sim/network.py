@@ -1,170 +1,199 @@
-"""Flows over a cluster's links, executed in simpy, with max-min fair sharing.
+"""The network in time: flows over shared pipes, executed in simpy.
 
-A *bundle* is the set of transfers of one collective step (``labsim.collectives.schedule``):
-they start together, wait the step's latency (alpha), then move their bytes at max-min fair
-rates over the pipes they cross (``labsim.cluster``: one pipe per link direction; two flows on
-one direction get half each, opposite directions do not interact).  Whenever a bundle starts
-or finishes moving bytes, every active bundle's remaining bytes are advanced at the old rates
-and the rates are recomputed, so concurrent collectives (tensor- and data-parallel traffic in
-a training step) slow each other down exactly where they share a link.
+``Network(env, capacity)`` holds pipes (one link direction each, bytes/s).  ``flow(nbytes,
+pipes, loads, cap, latency)`` starts a flow: after ``latency`` seconds it moves ``nbytes`` of
+payload, putting ``loads[i]`` wire bytes per payload byte on ``pipes[i]``, at a rate that
+``labsim.network.fair_rates`` recomputes whenever a flow that shares a pipe with it starts or
+ends (weighted max-min fairness; a flow alone runs at ``labsim.network.alone_rate``).  The
+returned event fires when the last byte is through; its value is the ``Flow``.
 
-Lockstep ranks advance together: one bundle is a few simpy events however many transfers it
-holds, which is what lets a 1024-GPU ring run in well under a second.  Inside a bundle each
-transfer keeps its own byte count and rate; the bundle ends when its last transfer ends.
+Only flows connected through shared pipes are re-rated, so independent traffic costs one
+event per flow, whatever else runs; a flow that starts on an idle network is not even
+registered on its pipes until a second flow starts (a textbook collective's steps, one
+after another over thousands of pipes, then cost a few vector operations each).
+Everything a training step moves -- tensor-parallel collectives, pipeline sends,
+data-parallel and ZeRO collectives -- goes through one ``Network``, so traffic of different
+groups slows down exactly where it meets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import simpy
 
-from labsim.cluster import Cluster
-from labsim.collectives.schedule import Pattern, Step
-from labsim.network import PatternRates, maxmin_rates
+from labsim.network import fair_rates
 
 
-@dataclass(eq=False)
-class _Bundle:
-    """One step in flight.  While every transfer has moved the same bytes (``done``) the
-    per-transfer array is never built: a lockstep step of 32 768 equal transfers costs O(1)."""
+class Flow:
+    """A flow in flight (bytes, rates and times; internal state of ``Network``)."""
 
-    step: Step
-    paths: np.ndarray
-    done: float = 0.0  # bytes each transfer has moved (scalar mode)
-    remaining: np.ndarray | None = None  # per transfer (array mode)
-    rate: float | np.ndarray = 0.0
-    rate_min: float = 0.0
-    first_rate: np.ndarray | None = None
+    __slots__ = ("nbytes", "left", "rate", "pipes", "loads", "cap", "done", "version",
+                 "since", "start_s", "admit_s", "end_s", "tag")
 
-    def time_left(self) -> float:
-        if self.remaining is None:  # all equal progress; the slowest rate ends last
-            return max(self.step.max_bytes - self.done, 0.0) / self.rate_min
-        return float(np.max(self.remaining / self.rate))  # rates are > 0
-
-    def advance(self, dt: float) -> None:
-        if self.remaining is None and np.ndim(self.rate) == 0:
-            self.done += self.rate * dt
-            return
-        if self.remaining is None:
-            self.remaining = np.maximum(self.step.nbytes - self.done, 0.0)
-        np.maximum(self.remaining - self.rate * dt, 0.0, out=self.remaining)
-
-    def set_rate(self, rates: np.ndarray, uniform: float) -> None:
-        if self.remaining is None and uniform > 0:
-            self.rate = self.rate_min = uniform
-            return
-        equal_sizes = self.step.min_bytes == self.step.max_bytes
-        if self.remaining is None and not (equal_sizes and self.done == 0):
-            self.remaining = np.maximum(self.step.nbytes - self.done, 0.0)
-        self.rate = rates  # (array mode, or equal sizes not started: slowest rate decides)
-        self.rate_min = float(rates.min())
+    def __init__(self, nbytes: float, pipes: tuple[int, ...], loads: tuple[float, ...],
+                 cap: float, done: simpy.Event, tag: object) -> None:
+        self.nbytes = self.left = float(nbytes)
+        self.rate = 0.0
+        self.pipes, self.loads, self.cap = pipes, loads, cap
+        self.done, self.tag = done, tag
+        self.version = 0
+        self.since = self.start_s = self.admit_s = self.end_s = 0.0
 
 
 class Network:
-    """The pipes of ``cluster`` inside ``env``; ``transfer`` runs one step as a process.
+    """Pipes of ``capacity`` (bytes/s) inside ``env``; see the module docstring."""
 
-    ``achieved=True`` gives links the bandwidth NCCL reaches, ``False`` their line rate.
-    ``pipe_bytes`` is the bytes every pipe carried (for utilisation plots); ``events`` counts
-    the simpy events the network scheduled.
-    """
-
-    def __init__(self, env: simpy.Environment, cluster: Cluster, achieved: bool = True) -> None:
+    def __init__(self, env: simpy.Environment, capacity: Sequence[float],
+                 track_bytes: bool = True) -> None:
         self.env = env
-        self.cluster = cluster
-        self.achieved = achieved
-        self.patterns = PatternRates(cluster, achieved)
-        self.capacity = self.patterns.capacity
+        self.capacity = np.asarray(capacity, dtype=float)
+        if self.capacity.ndim != 1 or not np.all(self.capacity > 0):
+            raise ValueError("every pipe needs a bandwidth > 0 bytes/s")
+        self.moved = np.zeros(len(self.capacity))  # wire bytes per pipe (if tracked)
+        self.track_bytes = track_bytes
         self.events = 0
-        self._steps: list[Step] = []
-        self._active: list[_Bundle] = []
-        self._last = 0.0
-        self._changed = env.event()
-        self._rate_cache: dict[tuple[int, ...],
-                               tuple[list[Pattern], list[tuple[np.ndarray, float]]]] = {}
+        self._on: dict[int, set[Flow]] = {}
+        self._cap = [float(c) for c in self.capacity]
+        self._active = 0  # flows admitted and not ended
+        self._solo: Flow | None = None  # the one active flow, not registered on its pipes
 
-    def transfer(self, step: Step | Pattern, nbytes: np.ndarray | None = None,
-                 ) -> simpy.Process:
-        """Start the transfers of ``step`` (or of ``pattern`` with ``nbytes``); the process's
-        value is the rates (bytes/s) each transfer started with."""
-        if isinstance(step, Pattern):
-            step = Step(step, np.asarray(nbytes, dtype=float), "", "")
-        return self.env.process(self._run(step))
-
-    @property
-    def pipe_bytes(self) -> np.ndarray:
-        """Bytes each pipe has carried so far (index as ``cluster.pipe_names()``)."""
-        total = np.zeros(self.cluster.n_pipes)
-        sent: dict[int, tuple[Pattern, np.ndarray]] = {}
-        for step in self._steps:
-            hit = sent.get(id(step.pattern))
-            if hit is None:
-                sent[id(step.pattern)] = (step.pattern, step.nbytes.copy())
-            else:
-                hit[1].__iadd__(step.nbytes)
-        for pattern, nbytes in sent.values():
-            paths = self.patterns.get(pattern)[0]
-            total += np.bincount(paths[:, 0], nbytes, minlength=len(total))
-            total += np.bincount(paths[:, 1], nbytes, minlength=len(total))
-        return total
+    def flow(self, nbytes: float, pipes: Sequence[int] = (), loads: Sequence[float] = (),
+             cap: float = math.inf, latency: float = 0.0, tag: object = None) -> simpy.Event:
+        """Start a flow now (module doc); the event's value is its ``Flow``."""
+        done = self.env.event()
+        if isinstance(pipes, np.ndarray):
+            loads = np.asarray(loads, dtype=float)
+        elif not isinstance(pipes, tuple):
+            pipes, loads = tuple(int(p) for p in pipes), tuple(float(x) for x in loads)
+        f = Flow(nbytes, pipes, loads, cap, done, tag)  # type: ignore[arg-type]
+        f.start_s = self.env.now
+        if latency > 0:
+            self.events += 1
+            self.env.timeout(latency).callbacks.append(partial(self._admit_cb, f))
+        else:
+            self._admit(f)
+        return done
 
     # -- internals ------------------------------------------------------------------------
-    def _run(self, step: Step) -> Generator:
-        paths, alpha, _ = self.patterns.get(step.pattern)
-        self._steps.append(step)
-        if alpha > 0:
-            self.events += 1
-            yield self.env.timeout(alpha)
-        bundle = _Bundle(step, paths)
-        self._admit(bundle)
-        while True:
-            changed = self._changed
-            self.events += 2
-            yield self.env.timeout(bundle.time_left()) | changed
-            if not changed.triggered or bundle.time_left() <= 0:
-                break  # nothing else moved (or we are through anyway)
-        self._remove(bundle)
-        return bundle.first_rate
+    def _admit_cb(self, f: Flow, _event: simpy.Event) -> None:
+        self._admit(f)
 
-    def _advance(self) -> None:
-        dt = self.env.now - self._last
-        self._last = self.env.now
-        if dt > 0:
-            for b in self._active:
-                b.advance(dt)
-
-    def _admit(self, bundle: _Bundle) -> None:
-        self._advance()
-        self._active.append(bundle)
-        rates = self._reallocate()
-        bundle.first_rate = rates[-1][0]
-
-    def _remove(self, bundle: _Bundle) -> None:
-        self._active.remove(bundle)  # it is through: no need to advance it
-        self._advance()
-        self._reallocate()
-
-    def _reallocate(self) -> list[tuple[np.ndarray, float]]:
-        key = tuple(id(b.step.pattern) for b in self._active)
-        hit = self._rate_cache.get(key)
-        if hit is None or any(p is not b.step.pattern for p, b in zip(hit[0], self._active)):
-            if len(self._active) == 1:
-                pattern = self._active[0].step.pattern
-                rates = [(self.patterns.get(pattern)[2], self.patterns.uniform_rate(pattern))]
-            elif not self._active:
-                rates = []
+    def _admit(self, f: Flow) -> None:
+        now = self.env.now
+        f.admit_s = f.since = now
+        if f.nbytes <= 0 or not len(f.pipes) and f.cap == math.inf:
+            self._finish(f)
+            return
+        self._active += 1
+        if self._active == 1:  # alone on an idle network: vector arithmetic, no registration
+            pipes = np.asarray(f.pipes, dtype=np.int64)
+            loads = np.asarray(f.loads, dtype=float)
+            if self.track_bytes:
+                np.add.at(self.moved, pipes, loads * f.nbytes)
+            used = loads > 0
+            f.rate = min(f.cap, float(np.min(self.capacity[pipes[used]] / loads[used]))
+                         if used.any() else math.inf)
+            self._solo = f
+            self._schedule(f)
+            return
+        if self._solo is not None:
+            self._register(self._solo)
+        if isinstance(f.pipes, np.ndarray):
+            f.pipes = tuple(int(p) for p in f.pipes)
+            f.loads = tuple(float(x) for x in f.loads)
+        if self.track_bytes:
+            for p, ld in zip(f.pipes, f.loads):
+                self.moved[p] += ld * f.nbytes
+        on = self._on
+        alone = True
+        for p in f.pipes:
+            flows = on.get(p)
+            if flows:
+                alone = False
             else:
-                flat = maxmin_rates(np.concatenate([b.paths for b in self._active]),
-                                    self.capacity)
-                cuts = np.cumsum([len(b.paths) for b in self._active])[:-1]
-                rates = [(r, float(r[0]) if r.min() == r.max() else 0.0)
-                         for r in np.split(flat, cuts)]
-            hit = ([b.step.pattern for b in self._active], rates)
-            self._rate_cache[key] = hit
-        for b, (r, uniform) in zip(self._active, hit[1]):
-            b.set_rate(r, uniform)
-        old, self._changed = self._changed, self.env.event()
-        old.succeed()
-        return hit[1]
+                flows = on[p] = set()
+            flows.add(f)
+        if alone:
+            rate = f.cap
+            for p, ld in zip(f.pipes, f.loads):
+                if ld > 0:
+                    rate = min(rate, self._cap[p] / ld)
+            f.rate = rate
+            self._schedule(f)
+            return
+        self._rerate(self._component(f) | {f})
+
+    def _register(self, f: Flow) -> None:
+        """Put the solo flow ``f`` on its pipes, now that another flow starts."""
+        self._solo = None
+        if isinstance(f.pipes, np.ndarray):
+            f.pipes = tuple(int(p) for p in f.pipes)
+            f.loads = tuple(float(x) for x in f.loads)
+        for p in f.pipes:
+            self._on.setdefault(p, set()).add(f)
+
+    def _component(self, f: Flow) -> set[Flow]:
+        """Active flows connected to ``f``'s pipes through shared pipes."""
+        seen: set[Flow] = set()
+        todo = [p for p in f.pipes if self._on.get(p)]
+        done_pipes: set[int] = set()
+        while todo:
+            p = todo.pop()
+            if p in done_pipes:
+                continue
+            done_pipes.add(p)
+            for g in self._on.get(p, ()):
+                if g not in seen:
+                    seen.add(g)
+                    todo.extend(q for q in g.pipes if q not in done_pipes)
+        return seen
+
+    def _rerate(self, flows: set[Flow]) -> None:
+        now = self.env.now
+        ordered = sorted(flows, key=lambda g: (g.admit_s, id(g)))
+        for g in ordered:  # bring every flow up to now at its old rate
+            g.left = max(0.0, g.left - g.rate * (now - g.since))
+            g.since = now
+        rates = fair_rates([(g.pipes, g.loads, g.cap) for g in ordered], self.capacity)
+        for g, r in zip(ordered, rates):
+            if r != g.rate or g.version == 0:
+                g.rate = r
+                self._schedule(g)
+
+    def _schedule(self, f: Flow) -> None:
+        f.version += 1
+        delay = f.left / f.rate if f.rate > 0 else math.inf
+        if delay == math.inf:
+            raise ValueError("a flow got no bandwidth: every pipe it uses must have capacity")
+        self.events += 1
+        self.env.timeout(delay).callbacks.append(partial(self._end_cb, f, f.version))
+
+    def _end_cb(self, f: Flow, version: int, _event: simpy.Event) -> None:
+        self._end(f, version)
+
+    def _end(self, f: Flow, version: int) -> None:
+        if version != f.version:
+            return  # re-rated since: a later timeout ends it
+        self._active -= 1
+        if f is self._solo:
+            self._solo = None
+            f.left = 0.0
+            self._finish(f)
+            return
+        for p in f.pipes:
+            on = self._on.get(p)
+            if on is not None:
+                on.discard(f)
+        f.left = 0.0
+        neighbours = self._component(f) if any(self._on.get(p) for p in f.pipes) else set()
+        self._finish(f)
+        if neighbours:
+            self._rerate(neighbours)
+
+    def _finish(self, f: Flow) -> None:
+        f.end_s = self.env.now
+        f.done.succeed(f)

@@ -8,8 +8,9 @@ arrival time is known when it is sent, so a stage runs ahead on its own clock wh
 are known and blocks (a simpy event) only on a message not sent yet: the cost of a run is
 O(ops) with few events.
 
-``simulate_pipeline`` is the simulated face of ``pipeline_time`` (uniform stages);
-``labsim.sim.step`` uses ``run_pipeline`` for a whole training step.
+``simulate_pipeline`` is the simulated face of ``pipeline_time`` (uniform stages).  A whole
+training step runs in ``labsim.sim.step``, whose engine executes the same op lists with every
+byte on the shared network.
 """
 
 from __future__ import annotations

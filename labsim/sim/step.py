@@ -1,321 +1,340 @@
-"""Simulate one training step: pipeline schedule, TP/DP/ZeRO communication, recompute, memory.
+"""Simulate one training step: every op on its stage, every byte through one network.
 
-``simulate_step(model, cluster, plan)`` runs one data-parallel replica (replicas are identical,
-so the cost of simulating does not grow with ``dp``) as a simpy process per pipeline stage
-(``labsim.sim.pipeline``).  Each stage executes its op list from ``labsim.pipeline``:
+``simulate_step(model, cluster, plan)`` prices the step (``labsim.step.step_costs``) and runs
+it in simpy: one process per pipeline stage executes its op list (``labsim.pipeline``), and
+every communication is a flow on one ``labsim.sim.network.Network`` of the folded pipes
+(``labsim.network.FoldedNetwork``), so tensor-parallel, pipeline, data-parallel and ZeRO
+traffic slow each other wherever they share a GPU port or a NIC.
 
-* a forward or backward op lasts its chunk's compute (``labsim.compute``) plus the blocking
-  tensor-parallel collectives of its layers (Megatron-LM: two all-reduces per layer forward and
-  two backward, or reduce-scatter + all-gather with sequence parallelism; repeated by full
-  recomputation), plus ZeRO-3's parameter all-gathers where prefetching cannot hide them;
-* it starts when its input has arrived: activations from the previous stage (forward) or
-  gradients from the next (backward), sent point to point over the link between the two
-  stages' nodes, one message at a time per direction, ``b s h / tp`` bytes per GPU (Megatron's
-  scatter-gather over the TP ranks' NICs).
+* An op waits for its input (the activation from the previous chunk, or the gradient from the
+  next), then computes; its tensor-parallel collectives (2 per layer forward, 2 backward, 2
+  more for full recomputation; reduce-scatter + all-gather with sequence parallelism) are one
+  flow of their bytes after the compute and their latencies (blocking, Megatron-LM 2021), or,
+  with ``tp_comm_overlap``, the hidden share runs beside the compute and the rest after it.
+* Its output is sent as a flow to the next stage (``b s h / tp`` bytes per GPU).
+* Gradient buckets (``bucket_bytes``) are reduced over the data-parallel group on a stream of
+  their own as backward produces them (the last backward of each chunk for ZeRO-0/1; every
+  backward for ZeRO-2), or after the last backward without overlap; then the optimizer, then
+  ZeRO-1/2's parameter all-gather (hidden under the next step's forward when the software
+  profile overlaps it).
+* ZeRO-3 (pp = 1): every layer's parameters are all-gathered before its forward and again
+  before its backward, in the profile's units (a layer, or each weight tensor), up to
+  ``zero3_prefetch`` layers ahead on a gather stream; each layer's gradients are
+  reduce-scattered (or all-reduced) after its backward on a reduce stream -- every
+  micro-batch, so accumulation does not amortise them.
 
-After a stage's last backward of a model chunk its gradients are final (gradient accumulation):
-they are reduced over the data-parallel group in ``bucket_bytes`` buckets on a communication
-stream, overlapped with the rest of backward when ``overlap_grad_reduce`` (buckets complete as
-backward walks the layers in reverse), otherwise after the stage's last backward.  ZeRO-1/2
-reduce-scatter the gradients and all-gather the updated parameters after the optimizer step
-(``reduce_gradients``).
-
-Simplifications (stated so the numbers can be judged): collectives of different groups do not
-contend for links; the optimizer step and the all-gather after it are not overlapped; the
-embedding-gradient all-reduce between first and last stage and the loss all-reduce are ignored.
-
-Trace: ``rank`` is the pipeline stage (TP rank 0 of replica 0); streams ``compute`` (forward,
-backward, recompute, and ``comm`` spans for TP and ZeRO-3 collectives), ``p2p`` (``send``) and
-``dp`` (gradient reduction, ``comm``), and ``optimizer``.
+A bucket's ready time is its share of the backward op as planned alone (the op may end later
+when links are shared).  The embedding-gradient all-reduce between first and last stage, the
+loss and grad-norm all-reduces, and the receiver-side all-gather of Megatron's scatter-gather
+sends are not simulated.  The trace: ``rank`` = pipeline stage (its representative GPU);
+streams ``compute``, ``p2p``, ``dp``, ``optimizer``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from collections.abc import Generator
+from functools import partial
 
-from labsim import compute
+import simpy
+
 from labsim.cluster import Cluster
-from labsim.collectives.cost import collective_s, group_link, wire_bytes
-from labsim.hardware import GPU
-from labsim.memory import MemoryBreakdown, stage_params, training_memory
+from labsim.memory import step_memory
+from labsim.network import Placed
+from labsim.pipeline import alone_schedule, make_schedule, max_in_flight
 from labsim.plan import Plan
-from labsim.sim.pipeline import (
-    ChunkCost,
-    CommSpan,
-    RawSpan,
-    StageStats,
-    build_trace,
-    run_pipeline,
-    time_by_kind,
-)
-from labsim.trace import Trace
+from labsim.sim.network import Network
+from labsim.step import StepCosts, StepResult, _op_time, result_from, step_costs
 from labsim.workload import Transformer
 
-
-@dataclass(frozen=True)
-class StepResult:
-    """Outcome of ``simulate_step``.
-
-    step_time_s: one optimizer step; tokens_per_s: global tokens per second;
-    model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
-    mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
-    bubble_fraction: idle fraction of the stages' compute stream from the step's start to
-        the last backward, averaged over stages;
-    memory: ``MemoryBreakdown`` of the first stage's GPU;
-    fits: memory.total <= GPU memory; breakdown: seconds by kind on stage 0;
-    trace: a ``Trace`` of every op, message, bucket and optimizer step (built lazily, since
-        a large pipeline has hundreds of thousands of spans).
-    """
-
-    step_time_s: float
-    tokens_per_s: float
-    model_flops_per_gpu_s: float
-    mfu: float
-    hfu: float
-    bubble_fraction: float
-    memory: MemoryBreakdown | None
-    fits: bool
-    gpu_memory_bytes: float
-    plan: Plan = field(repr=False)
-    breakdown: dict = field(default_factory=dict, repr=False)
-    spans: list[RawSpan] = field(default_factory=list, repr=False, compare=False)
-
-    @cached_property
-    def trace(self) -> Trace:
-        """The step's ``Trace`` (built from the raw spans on first access)."""
-        return build_trace(self.spans, self.plan.virtual_stages > 1)
-
-    @property
-    def peak_memory_bytes(self) -> float:
-        """Peak bytes per GPU (first pipeline stage)."""
-        return float(self.memory.total)
-
-    def __repr__(self) -> str:
-        if self.memory is None:
-            mem = "memory not estimated"
-        else:
-            mem = (f"memory {self.peak_memory_bytes / 1e9:.4g} GB of "
-                   f"{self.gpu_memory_bytes / 1e9:.4g} GB: "
-                   + ("fits" if self.fits else "DOES NOT FIT"))
-        return (
-            f"StepResult(step {self.step_time_s:.4g} s, {self.tokens_per_s:.4g} tokens/s, "
-            f"{self.model_flops_per_gpu_s / 1e12:.4g} TFLOP/s/GPU, MFU {self.mfu:.1%}, "
-            f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, {mem})"
-        )
-
-    def _repr_html_(self) -> str:
-        rows = [("step time", f"{self.step_time_s:.4g} s"),
-                ("tokens/s", f"{self.tokens_per_s:,.0f}"),
-                ("model TFLOP/s per GPU", f"{self.model_flops_per_gpu_s / 1e12:.1f}"),
-                ("MFU / HFU", f"{self.mfu:.1%} / {self.hfu:.1%}"),
-                ("pipeline bubble", f"{self.bubble_fraction:.1%}")]
-        if self.memory is not None:
-            m = self.memory
-            rows.append(("memory per GPU (first stage)",
-                         f"{m.total / 1e9:.3g} GB of {self.gpu_memory_bytes / 1e9:.3g} GB "
-                         f"({'fits' if self.fits else '<b>does not fit</b>'}): params "
-                         f"{m.params / 1e9:.3g}, grads {m.grads / 1e9:.3g}, optimizer "
-                         f"{m.optimizer / 1e9:.3g}, activations {m.activations / 1e9:.3g} GB"))
-        rows += [(f"stage 0: {k}", f"{v:.4g} s") for k, v in
-                 sorted(self.breakdown.items(), key=lambda kv: -kv[1])]
-        body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
-        return f"<table><caption>training step</caption>{body}</table>"
-
-
-def _chunk_costs(model: Transformer, plan: Plan, gpu: GPU, cluster: Cluster) -> list[ChunkCost]:
-    lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
-                            sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-                            attention=plan.attention, precision=plan.numerics)
-    e = plan.bytes_per_element
-    n_chunks = plan.pp * plan.virtual_stages
-    per_chunk = int(model.layers) // n_chunks
-    tp_link = group_link(cluster, plan.tp, 1)
-    if plan.sequence_parallel:  # reduce-scatter + all-gather of the same volume
-        one = (collective_s("reduce_scatter", lc.tp_bytes, plan.tp, tp_link)
-               + collective_s("allgather", lc.tp_bytes, plan.tp, tp_link))
-    else:
-        one = collective_s("allreduce", lc.tp_bytes, plan.tp, tp_link)
-    tp_fwd = lc.tp_collectives * one
-    tp_rec = tp_fwd if plan.recompute == "full" else 0.0
-    lp = model.params_per_layer / plan.tp  # (norms and row-parallel biases: a rounding)
-    # ZeRO-3: all-gather each layer's parameters before its forward and its backward, and
-    # reduce-scatter its gradients after backward, on a stream that prefetches one layer ahead:
-    # only what exceeds the layer's compute, and the first layer's gather, is exposed.  The
-    # embedding / output layer of the first and last chunk is gathered without prefetch.
-    dp_link = group_link(cluster, plan.dp, plan.tp)
-    zero3 = plan.zero_stage == 3 and plan.dp > 1
-
-    def z3(nbytes: float, op: str) -> float:
-        return collective_s(op, nbytes, plan.dp, dp_link) if zero3 else 0.0
-
-    ag, rs = z3(lp * e, "allgather"), z3(lp * e, "reduce_scatter")
-    z3_f = ag + max(0.0, ag - lc.forward.time_s) * (per_chunk - 1)
-    z3_b = ag + max(0.0, ag + rs - lc.backward.time_s - lc.recompute.time_s) * (
-        per_chunk - 1) + rs
-    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
-                                          precision=plan.numerics)
-    chunks = []
-    for g in range(n_chunks):
-        extra_f = head_f if g == n_chunks - 1 else compute.PassCost()
-        extra_b = head_b if g == n_chunks - 1 else compute.PassCost()
-        params = stage_params(model, tp=plan.tp, pp=n_chunks, stage=g)
-        extra = max(0.0, params - per_chunk * lp) * e  # embedding, output layer, final norm
-        z3_extra_f = z3(extra, "allgather")
-        z3_extra_b = z3_extra_f + z3(extra, "reduce_scatter")
-        chunks.append(ChunkCost(
-            t_fwd=per_chunk * lc.forward.time_s + extra_f.time_s,
-            t_bwd=per_chunk * lc.backward.time_s + extra_b.time_s,
-            t_rec=per_chunk * lc.recompute.time_s,
-            comm_fwd=per_chunk * tp_fwd + z3_f + z3_extra_f,
-            comm_bwd=per_chunk * (tp_fwd + tp_rec) + z3_b + z3_extra_b,
-            flops_hw=per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
-            + extra_f.flops + extra_b.flops,
-            flops_model=per_chunk * lc.model_flops + extra_f.flops + extra_b.flops,
-            grad_bytes=params * e,
-            param_bytes=params * e,
-        ))
-    return chunks
-
-
-def _p2p_time(cluster: Cluster, plan: Plan, model: Transformer, src: int, dst: int) -> float:
-    """One activation (or activation-gradient) message from stage ``src`` to ``dst``."""
-    e = plan.bytes_per_element
-    nbytes = plan.micro_batch * int(model.seq_len) * int(model.hidden) * e / plan.tp
-    stride = plan.tp * plan.dp  # Megatron rank order: tp fastest, then dp, then pp
-    same = cluster.same_node_ranks(src * stride, dst * stride)
-    lk = cluster.intra_node if same else cluster.nic_link_per_gpu
-    return lk.latency_s + nbytes / lk.achieved_Bps
-
-
-def _memory(model: Transformer, plan: Plan, in_flight: int) -> MemoryBreakdown:
-    """Memory of the first stage's GPU: its model-state shard (``training_memory``) and its
-    peak activations (``activation_memory``, Korthikanti et al. 2022), rescaled from 1F1B's
-    in-flight count to what this schedule holds (GPipe: all m micro-batches)."""
-    v = plan.virtual_stages
-    # FlashAttention keeps no s x s scores for backward (only O(s) softmax statistics): the
-    # 5as/h term of Korthikanti's Table 2 vanishes, as with selective recomputation.
-    recompute = plan.recompute
-    if plan.attention == "flash" and recompute == "none":
-        recompute = "selective"
-    mem = training_memory(
-        model, precision=plan.numerics,
-        optimizer=plan.optimizer, zero_stage=plan.zero_stage, dp=plan.dp,
-        micro_batch=plan.micro_batch, tp=plan.tp, pp=plan.pp,
-        sequence_parallel=plan.sequence_parallel, recompute=recompute, virtual_stages=v)
-    # 1F1B holds p micro-batches of one chunk on stage 0; interleaved 1F1B holds
-    # 2(p - 1) + (v - 1) p + 1 (micro-batch, chunk) pairs = the 1 + (p - 1)/(p v) factor.
-    expected = (plan.pp - 1) * 2 + (v - 1) * plan.pp + 1 if v > 1 else plan.pp
-    return replace(mem, activations=mem.activations * in_flight / expected)
+MAX_OPS = 2_000_000  # pipeline ops (2 pp m v): beyond, a simulation takes minutes
+MAX_FLOWS = 4_000_000  # ZeRO-3 units and gradient buckets together
 
 
 def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
-                  memory: bool = True) -> StepResult:
-    """Simulate one optimizer step of ``model`` (a ``labsim.Transformer``) on ``cluster``
-    (a ``labsim.Cluster``) under ``plan``; see the module docstring for what is modelled.
-    ``memory=False`` skips the memory estimate (``StepResult.memory`` is then None)."""
-    gpus = cluster.world_size
-    plan.validate_for(model, gpus)
-    gpu = cluster.gpu
-    chunks = _chunk_costs(model, plan, gpu, cluster)
-    p = plan.pp
-    p2p = {}
-    for g in range(p * plan.virtual_stages - 1):
-        a, b = g % p, (g + 1) % p
-        p2p[(a, b)] = _p2p_time(cluster, plan, model, a, b)
-        p2p[(b, a)] = _p2p_time(cluster, plan, model, b, a)
-    spans: list[RawSpan] = []
-    stats = run_pipeline(plan.schedule, p, plan.microbatches, plan.virtual_stages, chunks, p2p,
-                         spans)
-    pipeline_end = max(st.last_s for st in stats)
-    ends = reduce_gradients(plan, cluster, chunks, stats, gpu, spans)
-    zero3_traffic(plan, chunks, spans)
-    step = max(ends)
+                  memory: bool = True, events: bool = False) -> StepResult:
+    """Simulate one optimizer step of ``model`` on ``cluster`` under ``plan`` (module doc).
+    ``memory=False`` skips the memory estimate (``StepResult.memory`` is then None).
 
-    m = plan.microbatches
-    flops_model = plan.dp * m * plan.tp * sum(c.flops_model for c in chunks)
-    flops_hw = plan.dp * m * plan.tp * sum(c.flops_hw for c in chunks)
-    peak = gpu.peak(plan.numerics.peak_dtype(gpu)) * gpus
-    bubble = sum(1.0 - st.busy_s / pipeline_end for st in stats) / p
-    mem = _memory(model, plan, stats[0].in_flight) if memory else None
-    fits = mem is None or mem.total <= gpu.memory_bytes
-    return StepResult(
-        step_time_s=step,
-        tokens_per_s=plan.global_batch * int(model.seq_len) / step,
-        model_flops_per_gpu_s=flops_model / step / gpus,
-        mfu=flops_model / step / peak,
-        hfu=flops_hw / step / peak,
-        bubble_fraction=bubble,
-        memory=mem,
-        fits=fits,
-        gpu_memory_bytes=gpu.memory_bytes,
-        plan=plan,
-        breakdown=time_by_kind(spans, 0),
-        spans=spans,
-    )
+    Where no two flows move bytes on one pipe at the same time (checked), the step is
+    computed without simpy events at the flows' rates alone -- the same answer, faster;
+    ``events=True`` always runs the event simulation (tests compare the two)."""
+    costs = step_costs(model, cluster, plan)
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    if 2 * p * m * v > MAX_OPS:
+        raise ValueError(f"{2 * p * m * v:,} pipeline ops (2 x pp {p} x micro-batches {m} x "
+                         f"v {v}) is more than the {MAX_OPS:,} simulated here; use "
+                         "labsim.estimate_step, or fewer micro-batches")
+    flows = sum(n for _, n in costs.buckets) * (m if plan.zero_stage == 2 else 1)
+    flows += 3 * model.layers * m * costs.zero3_units if costs.zero3_gather else 0
+    if flows > MAX_FLOWS:
+        raise ValueError(f"{flows:,} communication flows (gradient buckets or ZeRO-3 units "
+                         f"over {m} micro-batches) is more than the {MAX_FLOWS:,} simulated "
+                         "here; use larger buckets or labsim.estimate_step")
+    engine = _Engine(costs)
+    ends = engine.run(fast=not events)
+    in_flight = max_in_flight(engine.schedule[0]) if not costs.zero3_gather else 1
+    mem = step_memory(model, plan, in_flight) if memory else None
+    return result_from(costs, max(ends), engine.busy, engine.compute_end, mem, engine.all_spans)
 
 
-def reduce_gradients(plan: Plan, cluster: Cluster, chunks: list[ChunkCost],
-                     stats: list[StageStats], gpu: GPU, spans: list[RawSpan]) -> list[float]:
-    """Data-parallel gradient reduction and optimizer step per stage; return each stage's end.
+class _Engine:
+    """The processes of one step (module doc); ``spans`` are raw tuples for the trace:
+    (stage, stream, kind, start, end, label, nbytes)."""
 
-    Buckets of a chunk become ready as its last backward walks the layers in reverse (overlap)
-    or all at the stage's last backward (no overlap); one communication stream per stage runs
-    them in order.  ZeRO-1/2 reduce-scatter instead of all-reduce and all-gather the updated
-    parameters after the optimizer; ZeRO-3 reduced its gradients inside backward already.
-    """
-    p, dp = plan.pp, plan.dp
-    link = group_link(cluster, dp, plan.tp)
-    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
-    shard = dp if plan.zero_stage >= 1 else 1
-    ends = []
-    for s in range(p):
-        st = stats[s]
-        free = st.last_s
-        comm_free = 0.0
-        params = 0.0
-        for g, (b_start, b_end) in sorted(st.last_backward.items(), key=lambda kv: kv[1]):
-            c = chunks[g]
-            params += c.param_bytes / plan.bytes_per_element
-            if plan.zero_stage == 3 or dp == 1:
-                continue
-            n_buckets = max(1, int(-(-c.grad_bytes // plan.bucket_bytes)))
-            size = c.grad_bytes / n_buckets
-            t_bucket = collective_s(op, size, dp, link)
-            for k in range(n_buckets):
-                if plan.overlap_grad_reduce:
-                    ready = b_start + (b_end - b_start) * (k + 1) / n_buckets
-                else:
-                    ready = st.last_s
-                start = max(ready, comm_free)
-                comm_free = start + t_bucket
-                spans.append(CommSpan(s, "dp", "comm", start, comm_free,
-                                      f"{op} bucket {k} chunk {g}", size,
-                                      {"wire_bytes": wire_bytes(op, size, dp), "op": op}))
-        t0 = max(free, comm_free)
-        t_opt = compute.optimizer_time(params / shard, gpu, plan.optimizer)
-        spans.append(CommSpan(s, "optimizer", "optimizer", t0, t0 + t_opt, "optimizer step"))
-        end = t0 + t_opt
-        if plan.zero_stage in (1, 2) and dp > 1:
-            nbytes = params * plan.bytes_per_element
-            t_ag = collective_s("allgather", nbytes, dp, link)
-            spans.append(CommSpan(
-                s, "dp", "comm", end, end + t_ag, "allgather parameters", nbytes,
-                {"wire_bytes": wire_bytes("allgather", nbytes, dp), "op": "allgather"}))
-            end += t_ag
-        ends.append(end)
-    return ends
+    def __init__(self, costs: StepCosts) -> None:
+        self.c = costs
+        self.plan = plan = costs.plan
+        self.env = simpy.Environment()
+        self.net = Network(self.env, costs.capacity, track_bytes=False)
+        self.schedule = make_schedule(plan.schedule, plan.pp, plan.microbatches,
+                                      plan.virtual_stages)
+        self.spans: list[tuple] = []
+        self.busy = [0.0] * plan.pp
+        self.compute_end = 0.0
+        self.arrivals: dict[tuple, simpy.Event] = {}
+        self.stream_tail: list[simpy.Event | None] = [None] * plan.pp
+        self.hidden = costs.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
 
+    def run(self, fast: bool = True) -> list[float]:
+        env, p = self.env, self.plan.pp
+        ends = [0.0] * p
+        if fast and self.c.zero3_gather is None:
+            alone = alone_schedule(self.c, self.schedule, check=True)
+            if alone is not None:
+                self.busy, self.compute_end, self.op_times = alone.busy, alone.compute_end, \
+                    alone.op_times
+                self.spans.extend(alone.spans)
+                return alone.ends
+        if self.c.zero3_gather is not None:
+            env.process(self._zero3_stage(ends))
+        else:
+            for s in range(p):
+                env.process(self._stage(s, ends))
+        env.run()
+        return ends
 
-def zero3_traffic(plan: Plan, chunks: list[ChunkCost], spans: list[RawSpan]) -> None:
-    """Record ZeRO-3's per-micro-batch traffic (all-gather before forward and before backward,
-    reduce-scatter after backward) as zero-length accounting spans on stage 0's dp stream."""
-    if plan.zero_stage != 3 or plan.dp == 1:
-        return
-    nbytes = sum(c.param_bytes for c in chunks)
-    for i in range(plan.microbatches):
-        for op in ("allgather", "allgather", "reduce_scatter"):
-            spans.append(CommSpan(0, "dp", "comm", 0.0, 0.0, f"ZeRO-3 {op} mb {i}", nbytes,
-                                  {"wire_bytes": wire_bytes(op, nbytes, plan.dp), "op": op}))
+    def all_spans(self) -> list[tuple]:
+        """Every span of the run (the fast path's op spans are rebuilt from its times)."""
+        times = getattr(self, "op_times", None)
+        if times is None:
+            return self.spans
+        c, p = self.c, self.plan.pp
+        n_chunks = p * self.plan.virtual_stages
+        out = []
+        for s in range(p):
+            ts = times[s]
+            for j, (kind, mb, local) in enumerate(self.schedule[s]):
+                g = local * p + s
+                start, end = ts[2 * j], ts[2 * j + 1]
+                out.extend(self._op_spans(s, kind, mb, g, start, end))
+                nxt = g + 1 if kind == "F" else g - 1
+                send = c.p2p.get((s, nxt % p)) if 0 <= nxt < n_chunks else None
+                if send is not None:
+                    out.append((s, "p2p", "send", end, end + send.alone_s,
+                                (kind, mb, g, "send"), send.nbytes))
+        return out + self.spans
 
+    def _op_spans(self, s: int, kind: str, mb: int, g: int, start: float,
+                  end: float) -> list[tuple]:
+        """A forward span, or a backward one preceded by its recompute."""
+        if kind == "F":
+            return [(s, "compute", "forward", start, end, (kind, mb, g), 0.0)]
+        rec = self.c.chunks[g].t_rec
+        if rec <= 0:
+            return [(s, "compute", "backward", start, end, (kind, mb, g), 0.0)]
+        return [(s, "compute", "recompute", start, start + rec, (kind, mb, g), 0.0),
+                (s, "compute", "backward", start + rec, end, (kind, mb, g), 0.0)]
 
+    # -- flows ---------------------------------------------------------------------------
+    def _flow(self, placed: Placed | None, count: int = 1, latency: float = 0.0,
+              share: float = 1.0) -> simpy.Event:
+        """``count`` copies of ``placed`` in a row (``share`` of each) after ``latency``."""
+        if placed is None or not placed.pipes or count == 0 or share == 0:
+            return self.env.timeout(latency)
+        return self.net.flow(placed.nbytes * count * share, placed.pipes, placed.loads,
+                             placed.cap_Bps, latency + placed.latency_s * count * share)
+
+    def _op(self, work: float, tp: Placed | None, calls: int) -> Generator:
+        """Compute of one op and its tensor-parallel collectives (blocking or overlapped)."""
+        if self.hidden and tp is not None and calls:
+            yield self.env.all_of([self.env.timeout(work),
+                                   self._flow(tp, calls, share=self.hidden)])
+            yield self._flow(tp, calls, share=1 - self.hidden)
+        else:
+            yield self._flow(tp, calls, latency=work)
+
+    def _stream(self, s: int, placed: Placed | None, ready: float, label: str) -> None:
+        """Queue one collective on stage ``s``'s data-parallel stream, not before ``ready``."""
+        prev = self.stream_tail[s]
+        done = self.env.event()
+        self.stream_tail[s] = done
+        self.env.process(self._queued(s, placed, ready, prev, done, label))
+
+    def _queued(self, s: int, placed: Placed | None, ready: float,
+                prev: simpy.Event | None, done: simpy.Event, label: str) -> Generator:
+        if prev is not None:
+            yield prev
+        if ready > self.env.now:
+            yield self.env.timeout(ready - self.env.now)
+        start = self.env.now
+        yield self._flow(placed)
+        self.spans.append((s, "dp", "comm", start, self.env.now, label,
+                           placed.nbytes if placed else 0.0))
+        done.succeed()
+
+    # -- pipeline stages -----------------------------------------------------------------
+    def _stage(self, s: int, ends: list[float]) -> Generator:
+        c, plan, env = self.c, self.plan, self.env
+        p, m = plan.pp, plan.microbatches
+        n_chunks = p * plan.virtual_stages
+        ops = self.schedule[s]
+        last_b = {}
+        for i, (kind, _, chunk) in enumerate(ops):
+            if kind == "B":
+                last_b[chunk] = i
+        zero2 = plan.zero_stage == 2
+        busy = 0.0
+        for i, (kind, mb, local) in enumerate(ops):
+            g = local * p + s
+            ch = c.chunks[g]
+            forward = kind == "F"
+            if (g > 0) if forward else (g < n_chunks - 1):
+                key = (kind, mb, g)
+                ev = self.arrivals.get(key)
+                if ev is None:
+                    ev = self.arrivals[key] = env.event()
+                yield ev
+            start = env.now
+            if forward:
+                work, calls = ch.t_fwd, ch.tp_fwd
+            else:
+                work, calls = ch.t_rec + ch.t_bwd, ch.tp_bwd
+            planned = _op_time(work, ch.tp, calls, self.hidden)
+            bucket, n_buckets = c.buckets[g]
+            if (not forward and bucket is not None and plan.overlap_grad_reduce
+                    and (zero2 or last_b[local] == i)):
+                for k in range(n_buckets):  # ready as backward walks the layers
+                    self._stream(s, bucket, start + planned * (k + 1) / n_buckets,
+                                 f"bucket {k} chunk {g}")
+            yield from self._op(work, ch.tp, calls)
+            end = env.now
+            busy += end - start
+            self.spans.extend(self._op_spans(s, kind, mb, g, start, end))
+            sent = None
+            if forward and g < n_chunks - 1:
+                sent = self._send(("F", mb, g + 1), s, (g + 1) % p)
+            elif not forward and g > 0:
+                sent = self._send(("B", mb, g - 1), s, (g - 1) % p)
+            if sent is not None and self.c.software.blocking_p2p:
+                yield sent
+        if not plan.overlap_grad_reduce:
+            for g in range(s, n_chunks, p):
+                bucket, n_buckets = c.buckets[g]
+                for k in range(n_buckets * (m if zero2 else 1) if bucket is not None else 0):
+                    self._stream(s, bucket, env.now, f"bucket {k} chunk {g}")
+        self.busy[s] = busy
+        self.compute_end = max(self.compute_end, env.now)
+        if self.stream_tail[s] is not None:
+            yield self.stream_tail[s]
+        yield from self._optimizer(s)
+        ends[s] = env.now
+
+    def _send(self, key: tuple, src: int, dst: int) -> simpy.Event:
+        ev = self.arrivals.get(key)
+        if ev is None:
+            ev = self.arrivals[key] = self.env.event()
+        placed = self.c.p2p.get((src, dst))
+        done = self._flow(placed)
+        done.callbacks.append(partial(self._arrived, ev, key, src, self.env.now, placed))
+        return ev
+
+    def _arrived(self, ev: simpy.Event, key: tuple, src: int, start: float,
+                 placed: Placed | None, _done: simpy.Event) -> None:
+        self.spans.append((src, "p2p", "send", start, self.env.now,
+                           (key[0], key[1], key[2] + (1 if key[0] == "B" else -1), "send"),
+                           placed.nbytes if placed else 0.0))
+        ev.succeed()
+
+    def _optimizer(self, s: int) -> Generator:
+        start = self.env.now
+        yield self.env.timeout(self.c.optimizer_s[s])
+        self.spans.append((s, "optimizer", "optimizer", start, self.env.now, "optimizer step",
+                           0.0))
+        gather = self.c.param_gather[s]
+        if gather is not None and not self.c.software.overlap_param_gather:
+            start = self.env.now
+            yield self._flow(gather)
+            self.spans.append((s, "dp", "comm", start, self.env.now, "allgather parameters",
+                               gather.nbytes))
+
+    # -- ZeRO-3 --------------------------------------------------------------------------
+    def _chain(self, tail: list, placed: Placed | None, units: int, ready: simpy.Event | None,
+               label: str) -> simpy.Event:
+        """Queue ``units`` flows of ``placed`` on a stream whose last event is ``tail[0]``,
+        after ``ready``; return the event of their end."""
+        prev, done = tail[0], self.env.event()
+        tail[0] = done
+
+        def body() -> Generator:
+            if prev is not None:
+                yield prev
+            if ready is not None:
+                yield ready
+            start = self.env.now
+            for _ in range(units):
+                yield self._flow(placed)
+            self.spans.append((0, "dp", "comm", start, self.env.now, label,
+                               (placed.nbytes if placed else 0.0) * units))
+            done.succeed()
+
+        self.env.process(body())
+        return done
+
+    def _zero3_stage(self, ends: list[float]) -> Generator:
+        c, plan, env = self.c, self.plan, self.env
+        ch = c.chunks[0]
+        layers, units, k = ch.layers, c.zero3_units, plan.zero3_prefetch
+        per_f = (ch.t_fwd - ch.head_fwd) / layers
+        per_b = (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers
+        calls_f, calls_b = ch.tp_fwd // layers, ch.tp_bwd // layers
+        again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
+        gather_tail: list = [None]
+        reduce_tail: list = [None]
+        busy = 0.0
+        extra_g, extra_r = c.zero3_extra
+        for kind, mb, _ in self.schedule[0]:
+            forward = kind == "F"
+            gathered: list[simpy.Event] = []
+            finished = [env.event() for _ in range(layers)]
+            if forward:
+                self._chain(gather_tail, extra_g, 1, None, f"F{mb} gather embedding")
+            for j in range(layers):  # layer j's gather may start once layer j - k - 1 is done
+                gate = finished[j - k - 1] if j - k - 1 >= 0 else None
+                gathered.append(self._chain(gather_tail, c.zero3_gather,
+                                            units * (1 if forward else again), gate,
+                                            f"{kind}{mb} gather layer {j}"))
+            t0 = env.now
+            for j in range(layers):
+                yield gathered[j]
+                work = per_f if forward else per_b
+                if not forward and j == 0:
+                    work += ch.head_bwd
+                yield from self._op(work, ch.tp, calls_f if forward else calls_b)
+                finished[j].succeed()
+                if not forward:
+                    self._chain(reduce_tail, c.zero3_reduce, units, None,
+                                f"B{mb} reduce layer {layers - 1 - j}")
+            if forward:
+                yield env.timeout(ch.head_fwd)
+            else:
+                self._chain(reduce_tail, extra_r, 1, None, f"B{mb} reduce embedding")
+            busy += env.now - t0
+            self.spans.append((0, "compute", "forward" if forward else "backward", t0, env.now,
+                               f"{kind}{mb}", 0.0))
+        self.busy[0] = busy
+        self.compute_end = env.now
+        for tail in (gather_tail, reduce_tail):
+            if tail[0] is not None:
+                yield tail[0]
+        yield from self._optimizer(0)
+        ends[0] = env.now

@@ -1,0 +1,257 @@
+"""The NCCL model of a collective: NCCL's choice, and what that choice physically costs.
+
+``plan_collective(op, nbytes, group, algorithm, protocol)`` returns a ``CollectiveCost``:
+
+1. **choice** -- the (algorithm, protocol) NCCL's own tuner picks for this size
+   (``labsim.collectives.tuner``: Ring, Tree (double binary tree, pipelined), NVLS (NVLink
+   SHARP), NVLS-Tree, CollNet (in-network reduction), PAT; LL, LL128, Simple), restricted like
+   ``NCCL_ALGO`` / ``NCCL_PROTO`` when ``algorithm`` / ``protocol`` are given;
+2. **latency** -- NCCL's latency of that choice (``baseLat`` + ``hwLat`` per hop by link
+   class) times a per-architecture factor, plus the pipeline fill: the first chunk crosses the
+   algorithm's depth before the bytes stream (ring: ``ring_fill`` chunks; tree: ``tree_fill``
+   chunks per level of the inter-node tree plus one for the chain inside each node, which
+   forwards data as it arrives; NVLS: per 2 MiB unit);
+3. **bandwidth** -- the smaller of NCCL's bandwidth for the choice (channels x per-channel
+   graph bandwidth with the protocol factors and caps) scaled by the channels the call really
+   uses (``channels_threads``: one channel per 32 KiB for Ring/Simple ...; bandwidth grows with
+   channels up to ``SATURATION_CHANNELS``), and what the links carry: ``intra_load`` bytes on
+   every member GPU's port and ``nic_load`` on every NIC the group uses, per byte of
+   ``nbytes``, over the links' achieved bandwidth times the protocol's data fraction (LL 8 of
+   16 bytes, LL128 120 of 128).
+
+Alone on the network a collective takes ``latency_s + nbytes / bandwidth``
+(``CollectiveCost.time_s``, the closed form); the simulator moves the same loads through
+shared links, so the two agree exactly when nothing else runs.
+
+The physical constants below are fitted once, by least squares on log time, to three
+published nccl-tests curves (the calibration set of ``labsim.published``: 8 x A100, one
+process per GPU; 8 x H100 with NVLS, one process per GPU; 4 x 8 H100 over InfiniBand NDR);
+every other published curve is validation (``benchmarks/collectives.py`` prints both).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
+
+from labsim.collectives.group import Group
+from labsim.collectives.group import topology as _topology
+from labsim.collectives.tuner import (
+    ALGOS,
+    PROTOS,
+    Topology,
+    channels_threads,
+    estimate_us,
+    latency_bandwidth,
+    log2i,
+    parse_choice,
+    select,
+)
+
+NCCL_OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
+            "sendrecv")
+PROTOCOL_DATA = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}  # data bytes per wire byte
+CHUNK_BYTES = {"LL": 32768.0, "LL128": 576000.0, "Simple": 2.0 * 2**20}  # per step, channel
+NVLS_UNIT = 2.0 * 2**20
+
+
+def _frozen(d: dict[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(d))
+
+
+@dataclass(frozen=True)
+class NcclPhysics:
+    """What NCCL's tuner tables leave out, fitted to the calibration curves
+    (``benchmarks/collectives.py --fit`` repeats the fit and prints it):
+
+    latency_scale: measured small-message time over NCCL's latency estimate, per GPU
+        architecture (one process per GPU);
+    saturation: fraction of the communicator's channels at which a protocol's bandwidth stops
+        growing (a call of few bytes runs on few channels, ``channels_threads``);
+    ring_fill, tree_fill, nvls_fill: pipeline fill, in chunks of the protocol (for Tree per
+        level: 1 + log2(nodes)), or 2 MiB pieces for NVLS.  The calibration chains are 7 GPUs
+        long, so they cannot tell a fill per GPU of the chain from one per level; per level
+        fits as well (the same loss) and does not make a hypothetical 128-GPU NVLink domain
+        a 127-deep store-and-forward chain.
+    """
+
+    latency_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
+        {"volta": 1.64, "ampere": 1.64, "hopper": 1.13, "blackwell": 1.13}))
+    saturation: Mapping[str, float] = field(default_factory=lambda: _frozen(
+        {"LL": 0.337, "LL128": 0.600, "Simple": 0.771}))
+    ring_fill: float = 0.81
+    tree_fill: float = 1.13
+    nvls_fill: float = 0.452
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.latency_scale.items()), tuple(self.saturation.items()),
+                     self.ring_fill, self.tree_fill, self.nvls_fill))
+
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        return (_physics, (dict(self.latency_scale), dict(self.saturation), self.ring_fill,
+                           self.tree_fill, self.nvls_fill))
+
+
+def _physics(latency_scale: dict, saturation: dict, ring: float, tree: float,
+             nvls: float) -> NcclPhysics:
+    return NcclPhysics(_frozen(latency_scale), _frozen(saturation), ring, tree, nvls)
+
+
+PHYSICS = NcclPhysics()
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One collective as the network model moves it (times in s, bandwidths in bytes/s).
+
+    ``latency_s``: time before and besides the bytes streaming (NCCL's latency, scaled, plus
+    the pipeline fill); ``cap_Bps``: the most bytes of ``nbytes`` per second the chosen
+    algorithm, protocol and channels can move; ``intra_load`` / ``nic_load``: wire bytes on
+    every member GPU's port (each direction) / on every NIC the group uses, per byte of
+    ``nbytes``, divided by the protocol's data fraction.  ``nccl_estimate_s`` is what NCCL's
+    own tuner expects.
+    """
+
+    op: str
+    nbytes: float
+    group: Group
+    algorithm: str
+    protocol: str
+    channels: int
+    latency_s: float
+    cap_Bps: float
+    intra_load: float
+    nic_load: float
+    nccl_estimate_s: float
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        """Bytes of ``nbytes`` per second alone on the network."""
+        c = self.group.cluster
+        limits = [self.cap_Bps]
+        if self.intra_load > 0:
+            limits.append(c.intra_node.achieved_Bps / self.intra_load)
+        if self.nic_load > 0:
+            limits.append(c.inter_node.achieved_Bps / self.nic_load)
+        return min(limits)
+
+    @property
+    def time_s(self) -> float:
+        """Seconds alone on the network (the closed form)."""
+        if self.nbytes == 0 or self.group.nranks == 1:
+            return 0.0
+        return self.latency_s + self.nbytes / self.bandwidth_Bps
+
+
+def _func(op: str) -> str:
+    return op if op in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce") \
+        else "allgather"
+
+
+@lru_cache(maxsize=4096)
+def _topology_of(group: Group) -> Topology:
+    return _topology(group)
+
+
+def plan_collective(op: str, nbytes: float, group: Group, algorithm: str = "auto",
+                    protocol: str = "auto", physics: NcclPhysics = PHYSICS) -> CollectiveCost:
+    """What ``op`` of ``nbytes`` (nccl-tests size: the whole buffer; for all-gather the
+    output, for reduce-scatter the input) costs on ``group`` under the NCCL model.
+
+    A ``Group`` is a shape (ranks, nodes, GPUs per node, NICs on a cluster), not a rank list,
+    so the answers are cached: a training step asks the same question for every stage."""
+    try:
+        return _plan_cached(op, nbytes, group, algorithm, protocol, physics)
+    except TypeError:  # an unhashable argument: let the checks below name it
+        return _plan(op, nbytes, group, algorithm, protocol, physics)
+
+
+def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
+          physics: NcclPhysics) -> CollectiveCost:
+    if op not in NCCL_OPS:
+        raise ValueError(f"unknown collective {op!r}; choose one of {', '.join(NCCL_OPS)}")
+    n = group.nranks
+    topo = _topology_of(group)
+    if n == 1 or nbytes == 0:
+        return CollectiveCost(op, float(nbytes), group, "none", "none", 0, 0.0, math.inf, 0.0,
+                              0.0, 0.0)
+    if op in ("alltoall", "sendrecv"):
+        return _p2p(op, float(nbytes), group, topo, physics)
+    func = _func(op)
+    algos = parse_choice(algorithm, ALGOS, "algo")
+    protos = parse_choice(protocol, PROTOS, "proto")
+    algo, proto, estimate = select(func, nbytes, topo, algos, protos)
+    lat_us, algbw = latency_bandwidth(func, algo, proto, topo)
+    nc, _ = channels_threads(algo, proto, nbytes, topo)
+    # bandwidth grows with the channels a call uses up to a fraction of the communicator's
+    # (a DGX's 24 at most: more channels never make each one slower)
+    reference = min(topo.channels, 24)
+    cap = algbw * 1e9 * (1.0 if algo.startswith("nvls") else
+                         min(1.0, nc / (physics.saturation[proto] * reference)))
+    intra, nic, depth, piece = _loads(func, algo, nbytes, group, nc, proto, physics)
+    data = PROTOCOL_DATA[proto]
+    bw = min([cap] + [c / (load / data) for c, load in (
+        (group.cluster.intra_node.achieved_Bps, intra),
+        (group.cluster.inter_node.achieved_Bps, nic)) if load > 0])
+    fill = depth * piece * nc / bw
+    latency = physics.latency_scale[topo.arch] * lat_us * 1e-6 + fill
+    return CollectiveCost(op, float(nbytes), group, algo, proto, nc, latency, cap,
+                          intra / data, nic / data, estimate * 1e-6)
+
+
+_plan_cached = lru_cache(maxsize=65536)(_plan)
+
+
+def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: str,
+           physics: NcclPhysics) -> tuple[float, float, float, float]:
+    """(intra load, NIC load, fill depth, fill piece bytes per channel) of an algorithm."""
+    n, nn, ppn, nics = group.nranks, group.nnodes, group.nranks / group.nnodes, group.nics
+    steps = 2 * (n - 1) if func == "allreduce" else n - 1 if func in (
+        "allgather", "reduce_scatter") else n
+    fac = steps / n  # wire bytes per rank per byte, as a ring moves them
+    chunk = CHUNK_BYTES[proto]
+    if algo in ("ring", "pat"):
+        intra = fac * (1 - 1 / ppn) if nn > 1 else fac
+        nic = fac / nics if nn > 1 else 0.0
+        return intra, nic, physics.ring_fill, min(nbytes / (nc * n), chunk)
+    tree_nic = (2.0 if nn > 2 else 1.0) / nics if nn > 1 else 0.0
+    levels = 1 + log2i(nn)  # the chain inside a node, then the inter-node tree
+    if algo == "tree":
+        return (2.0 if ppn > 1 else 0.0), tree_nic, physics.tree_fill * levels, min(
+            nbytes / (2 * nc), chunk)
+    if algo in ("nvls", "nvls_tree"):
+        intra = 1.0 if func == "allreduce" else (n - 1) / n
+        nic = tree_nic if algo == "nvls_tree" else (1.0 / nics if nn > 1 else 0.0)
+        return intra, nic, physics.nvls_fill, min(nbytes / nc, NVLS_UNIT)
+    # collnet: the switches reduce; each node sends its data up once and receives once
+    return (2.0 * (ppn - 1) / ppn if ppn > 1 else 0.0), 1.0 / nics, physics.tree_fill * levels, min(
+        nbytes / (2 * nc), chunk)
+
+
+def _p2p(op: str, nbytes: float, group: Group, topo: Topology,
+         physics: NcclPhysics) -> CollectiveCost:
+    """Point-to-point traffic (NCCL send/recv, all-to-all as grouped send/recv): one Simple
+    step; ``sendrecv`` is one message from one rank of ``group`` to another (a pipeline send:
+    the group's two ranks), all-to-all every rank sending (n-1)/n of ``nbytes``."""
+    n, nn, ppn, nics = group.nranks, group.nnodes, group.nranks / group.nnodes, group.nics
+    cross = nn > 1
+    hw = 14.0 if cross else (3.4 if topo.intra == "nvlink" else 5.7)
+    lat = physics.latency_scale[topo.arch] * (8.4 + hw) * 1e-6
+    if op == "sendrecv":
+        intra, nic = (0.0, 1.0 / nics) if cross else (1.0, 0.0)
+    else:
+        intra = (ppn - 1) / n
+        nic = ppn * (n - ppn) / n / nics if cross else 0.0
+    return CollectiveCost(op, nbytes, group, "p2p", "Simple", topo.channels, lat, math.inf,
+                          intra, nic, (8.4 + hw) * 1e-6 + nbytes / (
+                              1e9 * topo.channels * topo.bw_intra))
+
+
+def nccl_estimate_s(op: str, nbytes: float, group: Group, algorithm: str,
+                    protocol: str) -> float:
+    """NCCL's own estimate (s) for one (algorithm, protocol); -1e-6 when unsupported."""
+    return estimate_us(_func(op), nbytes, algorithm, protocol, _topology_of(group)) * 1e-6

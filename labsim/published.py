@@ -1,0 +1,174 @@
+"""Published measurements the simulator is judged by, as package data with their sources.
+
+* ``nccl_tests()``: nccl-tests curves (time or busbw against message size) of DGX-class
+  A100 and H100 nodes and InfiniBand clusters (``labsim/data/nccl_tests.json``); each curve
+  has a ``role``: ``"calibration"`` (the collective model's constants are fitted to it) or
+  ``"validation"`` (never fitted to);
+* ``predict_curve(curve)``: the NCCL model's times for a curve's sizes, on the curve's system
+  and in its launch mode;
+* ``runs()``: published training runs (``labsim/data/published_runs.json``): source, layout,
+  batch, software stack, measured throughput; ``role`` ``"calibration"`` (a software
+  profile's sustained fraction is fitted to it) or ``"held-out"`` (never fitted to).
+
+Every number in the data files was copied from the source named beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from labsim.cluster import Cluster
+from labsim.collectives.cost import busbw_factor
+from labsim.collectives.group import group_of
+from labsim.collectives.nccl import PHYSICS, NcclPhysics, plan_collective
+from labsim.plan import Plan
+from labsim.workload import Transformer
+
+# nccl-tests -g 8: one thread launches the 8 GPUs' kernels of every call, which adds to each
+# call's time (fitted with the collective constants, on the single-process calibration curve).
+SINGLE_PROCESS_OVERHEAD_S = 14.6e-6
+SYSTEMS = {
+    "dgx-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "ib-hdr", name=f"DGX A100 x{n}"),
+    "dgx-h100": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr", name=f"DGX H100 x{n}"),
+    "dgx-h200": lambda n: Cluster("H200", n, 8, "nvlink4", "ib-ndr", name=f"8 x H200 x{n}"),
+    "dgx-h100-sharp": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr",
+                                        name=f"DGX H100 x{n}, SHARP",
+                                        in_network_reduction=True),
+}
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One published nccl-tests run: ``points`` are (bytes, time in s or None, busbw in B/s
+    or None); ``launch`` is ``"per-gpu"`` (one process per GPU, mpirun) or
+    ``"single-process"`` (``-g 8``)."""
+
+    id: str
+    system: str
+    nodes: int
+    gpus: int
+    op: str
+    launch: str
+    algorithm: str
+    role: str
+    nccl: str
+    source: str
+    url: str | None
+    notes: str
+    points: tuple[tuple[int, float | None, float | None], ...]
+
+    @property
+    def cluster(self) -> Cluster:
+        return SYSTEMS[self.system](self.nodes)
+
+    def measured_s(self) -> list[tuple[int, float]]:
+        """(bytes, seconds) of every point (time from busbw where only busbw is printed)."""
+        out = []
+        for size, t, bus in self.points:
+            if t is not None:
+                out.append((size, t))
+            elif bus:
+                out.append((size, size * busbw_factor(self.op, self.gpus) / bus))
+        return out
+
+
+@lru_cache(maxsize=1)
+def nccl_tests() -> tuple[Curve, ...]:
+    """The published nccl-tests curves shipped with labsim."""
+    text = resources.files("labsim").joinpath("data/nccl_tests.json").read_text("utf-8")
+    curves = []
+    for d in json.loads(text)["datasets"]:
+        pts = tuple((int(s), None if t is None else t * 1e-6, None if b is None else b * 1e9)
+                    for s, t, b in d["points"])
+        curves.append(Curve(d["id"], d["system"], d["nodes"], d["gpus"], d["op"], d["launch"],
+                            d["algorithm"], d["role"], d["nccl"], d["source"], d["url"],
+                            d["notes"], pts))
+    return tuple(curves)
+
+
+def predict_curve(curve: Curve, physics: NcclPhysics = PHYSICS,
+                  single_process_s: float = SINGLE_PROCESS_OVERHEAD_S,
+                  ) -> list[tuple[int, float, float, str]]:
+    """(bytes, measured s, predicted s, "algorithm/protocol") for every point of ``curve``."""
+    group = group_of(curve.cluster)
+    out = []
+    for size, measured in curve.measured_s():
+        cost = plan_collective(curve.op, size, group, curve.algorithm, physics=physics)
+        t = cost.time_s + (single_process_s if curve.launch == "single-process" else 0.0)
+        out.append((size, measured, t, f"{cost.algorithm}/{cost.protocol}"))
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published training run: its source, its layout as a labsim ``plan`` (keyword
+    arguments of ``labsim.Plan``), its ``model`` fields, the GPUs it ran on and what was
+    measured; ``role`` is ``"calibration"`` (a software profile's sustained fraction is fitted
+    to it) or ``"held-out"`` (never fitted to); ``notes`` lists every assumption added."""
+
+    id: str
+    role: str
+    gpu: str
+    gpus: int
+    fabric: str
+    model_spec: dict
+    plan_spec: dict
+    measured: dict
+    stack: str
+    source: str
+    url: str
+    location: str
+    quote: str
+    notes: tuple[str, ...]
+
+    @property
+    def model(self) -> Transformer:
+        m = dict(self.model_spec)
+        family = m.pop("family")
+        if family == "llama":
+            return Transformer(**m, swiglu=True, positions="rotary", norm="rmsnorm",
+                               bias=False, dropout=False)
+        if family == "mpt":  # ALiBi (no position parameters), no biases, tied, no dropout
+            m.pop("kv_heads")
+            return Transformer(**m, positions="rotary", bias=False, dropout=False,
+                               tied_embeddings=True)
+        if family == "nemotron":  # squared-ReLU MLP of two matrices, RoPE, GQA, untied
+            return Transformer(**m, positions="rotary", bias=False, dropout=False)
+        return Transformer(**m, tied_embeddings=True)
+
+    @property
+    def cluster(self) -> Cluster:
+        nodes, per = max(1, self.gpus // 8), min(8, self.gpus)
+        intra = "nvlink3" if self.gpu.startswith("A100") else "nvlink4"
+        return Cluster(self.gpu, nodes, per, intra, self.fabric, name=f"{self.gpus} x {self.gpu}")
+
+    @property
+    def plan(self) -> Plan:
+        return Plan(**self.plan_spec)
+
+    def measured_step_s(self) -> float:
+        """The measured step time: as printed, or from tokens/s per GPU, or from TFLOP/s per
+        GPU with Narayanan et al. 2021's Eq. 3 (which counts recomputation)."""
+        meas, model = self.measured, self.model
+        if meas.get("step_time_s"):
+            return float(meas["step_time_s"])
+        tokens = self.plan_spec["global_batch"] * model.seq_len
+        if meas.get("tokens_per_s_per_gpu"):
+            return tokens / (meas["tokens_per_s_per_gpu"] * self.gpus)
+        s, layers, h, v = model.seq_len, model.layers, model.hidden, model.vocab
+        flops = 96 * self.plan_spec["global_batch"] * s * layers * h * h * (
+            1 + s / (6 * h) + v / (16 * layers * h))
+        return flops / (self.gpus * meas["tflops_per_gpu"] * 1e12)
+
+
+@lru_cache(maxsize=1)
+def runs() -> tuple[Run, ...]:
+    """The published training runs shipped with labsim (calibration and held-out)."""
+    text = resources.files("labsim").joinpath("data/published_runs.json").read_text("utf-8")
+    return tuple(Run(d["id"], d["role"], d["gpu"], d["gpus"], d["fabric"], d["model"],
+                     d["plan"], d["measured"], d["stack"], d["source"], d["url"],
+                     d["location"], d["quote"], tuple(d["notes"]))
+                 for d in json.loads(text)["runs"])

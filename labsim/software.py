@@ -1,0 +1,160 @@
+"""Software profiles: what a training framework does that the hardware model alone does not say.
+
+A ``Plan`` names a profile (``Plan(software="megatron-core-te")``); the step model reads from it
+how the framework communicates and overlaps, and how much of the isolated-kernel speed it
+sustains.  Every value carries its provenance; ``sustained`` is the only fitted number, one
+per (profile, GPU generation), each on a named calibration set of published runs
+(``labsim.published.runs()``, ``benchmarks/step.py`` prints the fit and the held-out errors).
+
+Fields:
+
+* ``sustained`` -- fraction of isolated-kernel throughput (``labsim.compute``) kept inside a
+  training step: gaps between kernels, launch and synchronisation, clocks under full power,
+  unfused element-wise work; by GPU generation ("ampere", "hopper");
+* ``tp_comm_overlap`` / ``tp_overlap_hidden`` -- whether tensor-parallel collectives run under
+  the GEMMs (Transformer Engine's userbuffers, ``ub_tp_comm_overlap``) and what fraction of
+  their time then hides;
+* ``overlap_grad_reduce`` / ``overlap_param_gather`` / ``bucket_bytes`` -- data-parallel
+  gradient reduction during backward, the distributed optimizer's parameter all-gather under
+  the next forward, the bucket size;
+* ``zero3_unit`` -- what one ZeRO-3 all-gather fetches: ``"layer"`` (FSDP: one wrapped
+  transformer block) or ``"tensor"`` (DeepSpeed 2021: one all-gather per parameter tensor, four
+  per GPT layer);
+* ``zero3_prefetch`` -- layers whose all-gather may run ahead of the one computing;
+* ``zero3_grad_op`` -- how ZeRO-3 reduces gradients: ``"reduce_scatter"`` or ``"allreduce"``
+  (DeepSpeed 0.3.x default, ``reduce_scatter: false``);
+* ``zero3_recompute_gather`` -- with full recomputation, the recomputed forward of a layer
+  gathers its parameters once more before the backward gathers them again (DeepSpeed 0.3.x:
+  forward hooks release parameters after every forward, backward hooks fetch them,
+  ``stage3.py`` ``_post_forward_module_hook`` / ``_pre_backward_module_hook``); FSDP
+  recomputes inside the unit's backward, with the parameters already gathered;
+* ``blocking_p2p`` -- a stage waits for its pipeline send to complete before its next op
+  (Megatron-LM 2021: ``batch_isend_irecv``, ``req.wait()`` and ``torch.cuda.synchronize()``
+  in ``p2p_communication.py``; Megatron-Core overlaps them since 2023);
+* ``attention`` -- the attention kernel the framework uses by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+from labsim.hardware import GPU
+
+ZERO3_UNITS = ("layer", "tensor")
+ZERO3_GRAD_OPS = ("reduce_scatter", "allreduce")
+
+
+@dataclass(frozen=True)
+class SoftwareProfile:
+    """One framework's behaviour (module doc); ``source`` names where each value comes from."""
+
+    name: str
+    description: str
+    sustained: Mapping[str, float]
+    tp_comm_overlap: bool = False
+    tp_overlap_hidden: float = 0.0
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    bucket_bytes: float = 25e6
+    zero3_unit: str = "layer"
+    zero3_prefetch: int = 1
+    zero3_grad_op: str = "reduce_scatter"
+    zero3_recompute_gather: bool = False
+    blocking_p2p: bool = False
+    attention: str = "flash"
+    source: str = ""
+    calibration: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sustained", MappingProxyType(dict(self.sustained)))
+        if self.zero3_unit not in ZERO3_UNITS:
+            raise ValueError(f"zero3_unit={self.zero3_unit!r}: choose one of {ZERO3_UNITS}")
+        if self.zero3_grad_op not in ZERO3_GRAD_OPS:
+            raise ValueError(f"zero3_grad_op={self.zero3_grad_op!r}: choose one of "
+                             f"{ZERO3_GRAD_OPS}")
+        for key, value in self.sustained.items():
+            if not 0 < value <= 1:
+                raise ValueError(f"sustained[{key!r}]={value!r} must be in (0, 1]")
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __reduce__(self) -> tuple:
+        """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["sustained"] = dict(self.sustained)
+        return (_profile_from_fields, (values,))
+
+    def sustained_for(self, gpu: GPU) -> float:
+        """The sustained fraction on ``gpu``'s generation (the generic profile's if the
+        profile was not calibrated there)."""
+        return self.sustained.get(gpu.arch, GENERIC_SUSTAINED.get(gpu.arch, 0.8))
+
+
+# No framework in particular: the calibrated profiles' values, rounded (Ampere: Megatron-LM
+# 0.804 and FSDP 0.794; Hopper: Megatron-Core 0.731 and FSDP 0.642, midway); Volta and
+# Blackwell have no calibration run and take their neighbour's.
+def _profile_from_fields(values: dict) -> SoftwareProfile:
+    return SoftwareProfile(**values)
+
+
+GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
+                                      "blackwell": 0.69})
+
+_PROFILES: tuple[SoftwareProfile, ...] = (
+    SoftwareProfile(
+        "generic", "no framework in particular: PyTorch DDP-like overlap, FSDP-like ZeRO-3",
+        GENERIC_SUSTAINED,
+        source="PyTorch DDP bucket_cap_mb=25 and overlap (Li et al. 2020); FSDP one unit per "
+        "layer with backward prefetch"),
+    SoftwareProfile(
+        "megatron-lm-2021", "Megatron-LM of Narayanan et al. 2021 (SC21): fp16, fused kernels, "
+        "standard (non-flash) attention, blocking TP collectives, local DDP without overlap",
+        MappingProxyType({"ampere": 0.804}), overlap_grad_reduce=False, attention="standard",
+        blocking_p2p=True,
+        source="Megatron-LM examples/sc21/run_table_1.sh; Narayanan et al. 2021 sec. 5; "
+        "megatron/p2p_communication.py of May 2021 (blocking sends)",
+        calibration="Narayanan et al. 2021 Table 1 (10 runs)"),
+    SoftwareProfile(
+        "megatron-core-te", "NeMo / Megatron-Core with Transformer Engine: TP communication "
+        "overlapped with GEMMs, distributed optimizer with overlapped gradient reduce-scatter "
+        "and parameter all-gather, FlashAttention (cuDNN)",
+        MappingProxyType({"hopper": 0.731}), tp_comm_overlap=True, tp_overlap_hidden=0.8,
+        overlap_grad_reduce=True, overlap_param_gather=True, bucket_bytes=40e6,
+        source="NVIDIA dgxc-benchmarking 24.11 recipes (ub_tp_comm_overlap, overlap_grad_sync, "
+        "overlap_param_sync: true); Megatron-Core DDP default bucket 40M elements",
+        calibration="DGX-Cloud 24.11 BF16, smallest scale of each model (3 runs)"),
+    SoftwareProfile(
+        "deepspeed-zero3-2021", "DeepSpeed 0.3.x ZeRO-3 as in Narayanan et al. 2021 sec. 5.2: "
+        "one all-gather per parameter tensor, prefetch bucket 5e7 elements (less than one "
+        "large tensor; every gather after torch.cuda.synchronize()), gradients all-reduced "
+        "in 5e8-element buckets, parameters fetched again for recomputation",
+        MappingProxyType({"ampere": 0.804}), zero3_unit="tensor", zero3_prefetch=0,
+        zero3_grad_op="allreduce", zero3_recompute_gather=True, bucket_bytes=1e9,
+        attention="standard",
+        source="DeepSpeed v0.3.16 deepspeed/runtime/zero/constants.py (prefetch_bucket_size "
+        "5e7, reduce_bucket_size 5e8, reduce_scatter false), partition_parameters.py "
+        "(_allgather_param per tensor, torch.cuda.synchronize() before each), stage3.py "
+        "(hooks); sustained: Megatron-LM 2021's (same kernels)"),
+    SoftwareProfile(
+        "fsdp", "PyTorch FSDP (FULL_SHARD) as in MosaicML llm-foundry / Composer: one unit per "
+        "transformer block, backward prefetch, gradients reduce-scattered per unit, "
+        "FlashAttention",
+        MappingProxyType({"ampere": 0.794, "hopper": 0.642}),
+        source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
+        "llm-foundry benchmarking README",
+        calibration="llm-foundry 8-GPU A100-80GB and H100 runs (5 runs)"),
+)
+PROFILES: Mapping[str, SoftwareProfile] = MappingProxyType({p.name: p for p in _PROFILES})
+
+
+def profile(name: str | SoftwareProfile) -> SoftwareProfile:
+    """The profile called ``name`` (a ``SoftwareProfile`` passes through)."""
+    if isinstance(name, SoftwareProfile):
+        return name
+    if not isinstance(name, str) or name.lower() not in PROFILES:
+        raise ValueError(f"unknown software profile {name!r}; choose one of "
+                         f"{', '.join(PROFILES)}")
+    return PROFILES[name.lower()]

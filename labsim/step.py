@@ -1,0 +1,471 @@
+"""A training step as values: what every op costs, where its bytes go, and the closed form.
+
+``step_costs(model, cluster, plan)`` prices one step once, for both faces:
+
+* **compute** per model chunk (``labsim.compute``: GEMMs, attention, memory-bound kernels, at
+  the software profile's sustained fraction), forward, backward and recompute;
+* **communication**, each a ``Placed`` collective: NCCL's choice and cost
+  (``labsim.collectives.nccl``) of the tensor-parallel collectives of a layer, the pipeline
+  sends between stages, the data-parallel gradient buckets, ZeRO-1/2's parameter all-gather,
+  ZeRO-3's per-layer (or per-tensor) all-gathers and gradient reduce-scatters -- and the pipes
+  of the **folded network** they load.
+
+The folded network: the replicas of a plan are symmetric, so only one data-parallel replica
+is simulated and each pipeline stage is represented by one GPU (tensor rank 0 of replica 0).
+Its pipes are that GPU's port into its node's switch (tx, rx) and its NIC (tx, rx); a NIC's
+load counts every GPU of the stage on that node that uses it at the same time (all replicas and
+tensor ranks do the same thing at once), and stages whose GPUs share a node and NIC share that
+NIC's pipes.  Tensor-parallel, pipeline and data-parallel traffic of a stage therefore meet on
+the same pipes, in the closed form's accounting and in the simulation (``labsim.sim.step``).
+
+``estimate_step`` (below) is the closed-form face;
+``labsim.simulate_step`` the simulated one.  Rank layout (Megatron-LM): tensor-parallel
+fastest, then data-parallel, then pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from labsim import compute
+from labsim.cluster import Cluster
+from labsim.collectives.group import Group, group_of, strided_group
+from labsim.collectives.nccl import plan_collective
+from labsim.hardware import GPU
+from labsim.memory import MemoryBreakdown, stage_params
+from labsim.network import FoldedNetwork, Placed
+from labsim.plan import Plan
+from labsim.software import SoftwareProfile, profile
+from labsim.trace import Span, Trace
+from labsim.workload import Transformer
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """One model chunk (a pipeline stage's layers of one virtual stage) on one GPU: compute
+    seconds per micro-batch, FLOPs, parameters, and its tensor-parallel collectives."""
+
+    layers: int
+    t_fwd: float  # every layer's forward (and the head's on the last chunk)
+    t_bwd: float
+    t_rec: float
+    head_fwd: float  # the output layer and loss (last chunk only; included in t_fwd)
+    head_bwd: float
+    flops_hw: float
+    flops_model: float
+    params: float  # parameters on one GPU of this chunk (tensor-parallel shard)
+    tp: Placed | None  # one TP collective (SP: reduce-scatter + all-gather counted as 2)
+    tp_fwd: int  # TP collectives in a forward pass of the chunk
+    tp_bwd: int  # in a backward pass (recompute included)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Everything a step's two faces need (module doc); built by ``step_costs``."""
+
+    model: Transformer
+    cluster: Cluster
+    plan: Plan
+    software: SoftwareProfile
+    sustained: float
+    capacity: np.ndarray = field(repr=False)
+    chunks: tuple[ChunkCost, ...]
+    p2p: dict[tuple[int, int], Placed]
+    buckets: tuple[tuple[Placed | None, int], ...]  # per model chunk: (one bucket, count)
+    param_gather: tuple[Placed | None, ...]  # per stage (ZeRO-1/2 after the optimizer)
+    optimizer_s: tuple[float, ...]  # per stage
+    zero3_gather: Placed | None  # one unit (layer or tensor) of ZeRO-3
+    zero3_reduce: Placed | None
+    zero3_units: int  # units per layer
+    zero3_extra: tuple[Placed | None, Placed | None]  # embedding/head gather and reduce
+
+    @property
+    def stages(self) -> int:
+        return self.plan.pp
+
+    @cached_property
+    def flops(self) -> tuple[float, float]:
+        """(model FLOPs, hardware FLOPs) of the whole step on all GPUs."""
+        p = self.plan
+        scale = p.dp * p.microbatches * p.tp
+        return (scale * sum(c.flops_model for c in self.chunks),
+                scale * sum(c.flops_hw for c in self.chunks))
+
+
+def _check(model: object, cluster: object, plan: object) -> None:
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model must be a labsim.Transformer (e.g. Transformer.preset("
+                         f"'gpt3-175b')), got {type(model).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise ValueError(f"cluster must be a labsim.Cluster (e.g. labsim.dgx_a100(4)), got "
+                         f"{type(cluster).__name__}")
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be a labsim.Plan (e.g. Plan(dp=8)), got "
+                         f"{type(plan).__name__}")
+    plan.validate_for(model, cluster.world_size)
+
+
+def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
+    """Price one step of ``model`` on ``cluster`` under ``plan`` (module doc)."""
+    _check(model, cluster, plan)
+    soft = profile(plan.software)
+    gpu = cluster.gpu
+    su = soft.sustained_for(gpu)
+    net = FoldedNetwork(cluster, plan)
+    tp_group = strided_group(cluster, plan.tp, 1)
+    dp_group = strided_group(cluster, plan.dp, plan.tp)
+    chunks = _chunks(model, plan, gpu, su, cluster, net, tp_group)
+    p2p = _pipeline_sends(model, plan, cluster, net)
+    precision = plan.numerics
+    buckets, gathers, opt = [], [], []
+    n_chunks = plan.pp * plan.virtual_stages
+    zero3 = plan.zero_stage == 3 and plan.dp > 1
+    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
+    for g, ch in enumerate(chunks):
+        grad_bytes = ch.params * precision.grad_bytes
+        if plan.dp > 1 and not zero3:
+            count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
+            buckets.append((net.place(plan_collective(op, round(grad_bytes / count),
+                                                      dp_group), g % plan.pp), count))
+        else:
+            buckets.append((None, 0))
+    for s in range(plan.pp):
+        params = sum(chunks[g].params for g in range(s, n_chunks, plan.pp))
+        gathers.append(net.place(plan_collective(
+            "allgather", round(params * precision.weight_bytes), dp_group), s)
+            if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
+        shard = plan.dp if plan.zero_stage >= 1 else 1
+        opt.append(compute.optimizer_time(params / shard, gpu, plan.optimizer, su))
+    z_gather = z_reduce = None
+    z_extra: tuple[Placed | None, Placed | None] = (None, None)
+    units = 1
+    if zero3:
+        units = 4 if soft.zero3_unit == "tensor" else 1
+        layer = model.params_per_layer / plan.tp
+        w = precision.weight_bytes
+        z_gather = net.place(plan_collective("allgather", round(layer * w / units), dp_group),
+                             0)
+        z_reduce = net.place(plan_collective(soft.zero3_grad_op, round(
+            layer * precision.grad_bytes / units), dp_group), 0)
+        extra = sum(c.params for c in chunks) - model.layers * layer
+        z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group), 0),
+                   net.place(plan_collective(soft.zero3_grad_op, round(
+                       extra * precision.grad_bytes), dp_group), 0))
+    return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
+                     tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
+                     z_extra)
+
+
+def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluster,
+            net: FoldedNetwork, tp_group: Group) -> list[ChunkCost]:
+    lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
+                            sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
+                            attention=plan.attention, precision=plan.numerics, sustained=su)
+    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
+                                          precision=plan.numerics, sustained=su)
+    n_chunks = plan.pp * plan.virtual_stages
+    per_chunk = model.layers // n_chunks
+    # Megatron-LM: 2 all-reduces of the layer output per layer forward and 2 in backward; with
+    # sequence parallelism each is a reduce-scatter + an all-gather of the same bytes.
+    calls = 2 * (2 if plan.sequence_parallel else 1)
+    out = []
+    for g in range(n_chunks):
+        stage = g % plan.pp
+        last = g == n_chunks - 1
+        tp = None
+        if plan.tp > 1:
+            op = "reduce_scatter" if plan.sequence_parallel else "allreduce"
+            tp = net.place(plan_collective(op, round(lc.tp_bytes), tp_group), stage)
+        rec = calls * per_chunk if plan.recompute == "full" else 0
+        f, b = (head_f, head_b) if last else (compute.PassCost(), compute.PassCost())
+        out.append(ChunkCost(
+            per_chunk, per_chunk * lc.forward.time_s + f.time_s,
+            per_chunk * lc.backward.time_s + b.time_s, per_chunk * lc.recompute.time_s,
+            f.time_s, b.time_s,
+            per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
+            + f.flops + b.flops, per_chunk * lc.model_flops + f.flops + b.flops,
+            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=g)), tp,
+            calls * per_chunk, calls * per_chunk + rec))
+    return out
+
+
+def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
+                    net: FoldedNetwork) -> dict[tuple[int, int], Placed]:
+    """One activation (forward) or activation-gradient (backward) message per pair of
+    neighbouring stages: ``b s h / tp`` elements per GPU (Megatron's scatter-gather)."""
+    nbytes = round(plan.micro_batch * model.seq_len * model.hidden * plan.bytes_per_element
+                   / plan.tp)
+    out: dict[tuple[int, int], Placed] = {}
+    p = plan.pp
+    for g in range(p * plan.virtual_stages - 1):
+        for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
+            if (a, b) not in out and a != b:
+                pair = group_of(cluster, [net.rep[a], net.rep[b]])
+                out[(a, b)] = net.place_send(plan_collective("sendrecv", nbytes, pair), a, b)
+    return out
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of ``simulate_step`` or ``estimate_step``.
+
+    step_time_s: one optimizer step; tokens_per_s: global tokens per second;
+    model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
+    mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
+    bubble_fraction: idle fraction of the stages' compute from the step's start to the last
+        backward, averaged over stages;
+    memory: ``MemoryBreakdown`` of the first stage's GPU (None when not asked for);
+    fits: memory.total <= GPU memory; breakdown: seconds by kind on stage 0 (empty for the
+        closed form); trace: every op, message, bucket and optimizer step (built on first use;
+        empty for the closed form); costs: the ``StepCosts`` it was computed from.
+    """
+
+    step_time_s: float
+    tokens_per_s: float
+    model_flops_per_gpu_s: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    memory: MemoryBreakdown | None
+    fits: bool
+    gpu_memory_bytes: float
+    plan: Plan = field(repr=False)
+    span_source: object = field(default=None, repr=False, compare=False)
+    costs: StepCosts | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def spans(self) -> list:
+        """Raw spans (stage, stream, kind, start, end, label, bytes), built on first use."""
+        src = self.span_source
+        return list(src() if callable(src) else (src or []))
+
+    @cached_property
+    def breakdown(self) -> dict[str, float]:
+        """Seconds by span kind on stage 0 (empty for the closed form)."""
+        out: dict[str, float] = {}
+        for s, _, kind, a, b, _, _ in self.spans:
+            if s == 0:
+                out[kind] = out.get(kind, 0.0) + b - a
+        return out
+
+    @cached_property
+    def trace(self) -> Trace:
+        """The step's ``Trace`` (built from the raw spans on first access)."""
+        chunked = self.plan.virtual_stages > 1
+        return Trace((Span(s, stream, kind, a, b, label if isinstance(label, str) else
+                           _label(label, chunked), nbytes)
+                      for s, stream, kind, a, b, label, nbytes in self.spans), detail="op",
+                     rank_label="pipeline stage")
+
+    def __getstate__(self) -> dict:
+        """Pickle the spans, not the engine that can build them (to send a result from a
+        worker process)."""
+        state = dict(self.__dict__)
+        state["span_source"] = self.spans
+        for built in ("spans", "trace"):
+            state.pop(built, None)
+        return state
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """Peak bytes per GPU (first pipeline stage)."""
+        return float(self.memory.total)
+
+    def __repr__(self) -> str:
+        if self.memory is None:
+            mem = "memory not estimated"
+        else:
+            mem = (f"memory {self.peak_memory_bytes / 1e9:.4g} GB of "
+                   f"{self.gpu_memory_bytes / 1e9:.4g} GB: "
+                   + ("fits" if self.fits else "DOES NOT FIT"))
+        return (
+            f"StepResult(step {self.step_time_s:.4g} s, {self.tokens_per_s:.4g} tokens/s, "
+            f"{self.model_flops_per_gpu_s / 1e12:.4g} TFLOP/s/GPU, MFU {self.mfu:.1%}, "
+            f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, {mem})"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = [("step time", f"{self.step_time_s:.4g} s"),
+                ("tokens/s", f"{self.tokens_per_s:,.0f}"),
+                ("model TFLOP/s per GPU", f"{self.model_flops_per_gpu_s / 1e12:.1f}"),
+                ("MFU / HFU", f"{self.mfu:.1%} / {self.hfu:.1%}"),
+                ("pipeline bubble", f"{self.bubble_fraction:.1%}")]
+        if self.memory is not None:
+            m = self.memory
+            rows.append(("memory per GPU (first stage)",
+                         f"{m.total / 1e9:.3g} GB of {self.gpu_memory_bytes / 1e9:.3g} GB "
+                         f"({'fits' if self.fits else '<b>does not fit</b>'}): params "
+                         f"{m.params / 1e9:.3g}, grads {m.grads / 1e9:.3g}, optimizer "
+                         f"{m.optimizer / 1e9:.3g}, activations {m.activations / 1e9:.3g} GB"))
+        rows += [(f"stage 0: {k}", f"{v:.4g} s") for k, v in
+                 sorted(self.breakdown.items(), key=lambda kv: -kv[1])]
+        body = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows)
+        return f"<table><caption>training step</caption>{body}</table>"
+
+
+def _label(raw: tuple, chunked: bool) -> str:
+    """A raw op label (kind, micro-batch, chunk[, "send"]) as text: "F3", "B0 chunk 5"."""
+    text = f"{raw[0]}{raw[1]}" + (f" chunk {raw[2]}" if chunked else "")
+    return f"send {text}" if len(raw) > 3 else text
+
+
+def result_from(costs: StepCosts, step_s: float, busy: list[float], compute_end: float,
+                memory: MemoryBreakdown | None, spans: object) -> StepResult:
+    """The ``StepResult`` of a step of ``step_s`` seconds whose stages computed ``busy``
+    seconds each until ``compute_end``."""
+    plan, model, gpu = costs.plan, costs.model, costs.cluster.gpu
+    flops_model, flops_hw = costs.flops
+    gpus = costs.cluster.world_size
+    peak = gpu.peak(plan.numerics.peak_dtype(gpu)) * gpus
+    bubble = sum(1.0 - b / compute_end for b in busy) / len(busy) if compute_end > 0 else 0.0
+    return StepResult(
+        step_time_s=step_s,
+        tokens_per_s=plan.global_batch * model.seq_len / step_s,
+        model_flops_per_gpu_s=flops_model / step_s / gpus,
+        mfu=flops_model / step_s / peak,
+        hfu=flops_hw / step_s / peak,
+        bubble_fraction=max(0.0, bubble),
+        memory=memory,
+        fits=memory is None or memory.total <= gpu.memory_bytes,
+        gpu_memory_bytes=gpu.memory_bytes,
+        plan=plan,
+        span_source=spans,
+        costs=costs,
+    )
+
+
+SMALL_PIPELINE_OPS = 192  # below this many ops the closed form evaluates the schedule
+BUBBLE_WEIGHT = 0.3  # interleaved bubble: 0 the average stage's pace, 1 the slowest stage's
+
+
+def _op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
+    """An op alone: compute plus its tensor-parallel collectives (blocking or overlapped)."""
+    if tp is None or not calls or not tp.pipes:
+        return work
+    alone = tp.alone_s * calls
+    return max(work, hidden * alone) + (1 - hidden) * alone if hidden else work + alone
+
+
+def _bucket_finish(free: float, t0: float, d: float, n: int, tau: float) -> float:
+    """End of ``n`` buckets of ``tau`` s on a stream free at ``free``, bucket k ready at
+    ``t0 + k d / n``: the later of the backlog and the two ends of the ready line."""
+    return max(free + n * tau, t0 + d / n + n * tau, t0 + d + tau)
+
+
+def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
+                  memory: bool = True) -> StepResult:
+    """The closed-form face of ``labsim.simulate_step``: the same ``StepResult`` (no trace)
+    from the same ``step_costs``, every collective at its rate alone (no contention).
+
+    Pipeline makespan for per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
+    with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
+    sends' fill and drain (1F1B, interleaved: uniform stages give Narayanan et al.'s
+    ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
+    ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
+    line (``_bucket_finish``).  ZeRO-3: per layer the slower of compute and the gather (plus
+    the reduce in backward) on the data-parallel links, prefetch permitting.
+    """
+    from labsim.memory import step_memory
+    from labsim.pipeline import alone_schedule, in_flight_peak, make_schedule
+
+    c = step_costs(model, cluster, plan)
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    mem = None
+    if memory:
+        mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
+                          if c.zero3_gather is None else 1)
+    if c.zero3_gather is None and 2 * p * m * v <= SMALL_PIPELINE_OPS:
+        # a small pipeline: its schedule evaluated op by op at the rates alone is cheaper
+        # than the formulas' error on it
+        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v))
+        return result_from(c, max(run.ends), run.busy, run.compute_end, mem, None)
+    n_chunks = p * v
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    blocking = c.software.blocking_p2p
+    if c.zero3_gather is not None:
+        step = _zero3_estimate(c, h) + c.optimizer_s[0]
+        per_mb = (step - c.optimizer_s[0]) / m
+        return result_from(c, step, [per_mb * m], step - c.optimizer_s[0], mem, None)
+    fwd, bwd, send_f, send_b = [], [], [], []
+    for g, ch in enumerate(c.chunks):
+        sf = c.p2p.get((g % p, (g + 1) % p)) if g < n_chunks - 1 else None
+        sb = c.p2p.get((g % p, (g - 1) % p)) if g > 0 else None
+        send_f.append(sf.alone_s if sf is not None else 0.0)
+        send_b.append(sb.alone_s if sb is not None else 0.0)
+        fwd.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h) + (send_f[-1] if blocking else 0))
+        bwd.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h)
+                   + (send_b[-1] if blocking else 0))
+    stage_f = [sum(fwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
+    stage_b = [sum(bwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
+    comm = 0.0 if blocking else sum(send_f[:p - 1]) + sum(send_b[1:p])
+    if plan.schedule == "gpipe":
+        pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)
+                + (m - 1) * max(stage_b) + comm)
+    else:
+        work = [a + b for a, b in zip(stage_f, stage_b)]
+        if v == 1:
+            pipe = (m - 1) * max(work) + sum(work) + comm
+        else:  # interleaved: a bubble of p - 1 chunk-ops, between the average stage's pace and
+            # the bottleneck's (uniform stages: both give Narayanan et al.'s (p - 1) / v; the
+            # weight is what matches simulate_step on heterogeneous stages)
+            w = BUBBLE_WEIGHT
+            bubble = ((1 - w) * (sum(work) - max(work)) + w * (p - 1) * max(work)) / v
+            pipe = m * max(work) + bubble + comm
+    busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
+    ends = []
+    drain = 0.0
+    zero2 = plan.zero_stage == 2
+    for s in range(p):
+        last_end = pipe - drain  # stage s's last backward ends when its gradient has left
+        drain += bwd[s] + (0.0 if blocking else send_b[s] if s > 0 else 0.0)
+        free = last_end
+        stream = 0.0
+        for j, g in enumerate(range(s, n_chunks, p)):  # chunk g's last backward
+            bucket, n = c.buckets[g]
+            if bucket is None:
+                continue
+            if not plan.overlap_grad_reduce:
+                stream = max(stream, last_end) + n * (m if zero2 else 1) * bucket.alone_s
+                continue
+            d = bwd[g]
+            t0 = last_end - d - (v - 1 - j) * p * d if v > 1 else last_end - d
+            if zero2:  # buckets after every backward: the backlog of m of them
+                first = t0 - (m - 1) * (stage_f[s] + stage_b[s])
+                stream = max(_bucket_finish(stream, t0, d, n, bucket.alone_s),
+                             first + m * n * bucket.alone_s)
+            else:
+                stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
+        t = max(free, stream) + c.optimizer_s[s]
+        gather = c.param_gather[s]
+        if gather is not None and not c.software.overlap_param_gather:
+            t += gather.alone_s
+        ends.append(t)
+    return result_from(c, max(ends), busy, pipe, mem, None)
+
+
+def _zero3_estimate(c: StepCosts, h: float) -> float:
+    """Seconds of the ZeRO-3 micro-batches of ``c`` (pp = 1; module ``estimate_step`` doc)."""
+    plan = c.plan
+    ch = c.chunks[0]
+    layers, units, k = ch.layers, c.zero3_units, plan.zero3_prefetch
+    again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
+    g_f = units * c.zero3_gather.alone_s
+    g_b = again * g_f
+    r = units * c.zero3_reduce.alone_s
+    c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
+    c_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
+
+    def phase(gather: float, compute: float, reduce: float) -> float:
+        if k == 0:
+            return layers * (gather + compute) + reduce
+        return gather + (layers - 1) * max(compute, gather + reduce) + compute + reduce
+
+    extra_g = c.zero3_extra[0].alone_s if c.zero3_extra[0] is not None else 0.0
+    extra_r = c.zero3_extra[1].alone_s if c.zero3_extra[1] is not None else 0.0
+    per_mb = (extra_g + phase(g_f, c_f, 0.0) + ch.head_fwd + phase(g_b, c_b, r) + ch.head_bwd
+              + extra_r)
+    return plan.microbatches * per_mb
