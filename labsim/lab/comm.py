@@ -112,6 +112,9 @@ class CommRecorder(TorchDispatchMode):
         self.comms: list[CommOp] = []
         self._flops = FlopCounterMode(display=False)
         self.flops = 0
+        from torch.distributed.tensor import DTensor
+
+        self._dtensor = DTensor
 
     def __enter__(self) -> CommRecorder:
         self._flops.__enter__()
@@ -124,6 +127,10 @@ class CommRecorder(TorchDispatchMode):
         self.flops = int(self._flops.get_total_flops())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if any(t is self._dtensor for t in types):
+            # DTensor first turns the op into local ops and collectives, which come back
+            # through this mode: count those (as CommDebugMode does)
+            return NotImplemented
         kind = comm_kind(func)
         if kind is not None:
             name = str(func._schema.name)
