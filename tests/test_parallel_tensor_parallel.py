@@ -12,6 +12,7 @@ from torch import nn
 from labsim.lab import launch
 from labsim.parallel import tensor_parallel as tp
 
+
 def _demos(rank: int, world: int) -> tuple[float, float]:
     """The demo as written, then with ``f``'s backward all-reduce removed."""
     from labsim.parallel import tensor_parallel
