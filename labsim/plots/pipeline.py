@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from labsim.plots._figure import new_figure
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#937860",
-           "comm": "#55A868", "send": "#64B5CD", "optimizer": "#8172B3"}
+           "comm": "#55A868", "send": "#64B5CD", "optimizer": "#8172B3", "wgrad": "#C44E52"}
 _UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
