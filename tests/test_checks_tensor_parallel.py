@@ -10,14 +10,7 @@ import torch.nn.functional as F
 
 from labsim.checks import CheckFailed
 from labsim.checks import tensor_parallel as c
-from labsim.parallel.tensor_parallel import (
-    CopyToParallel,
-    GatherFromSequence,
-    ReduceFromParallel,
-    ScatterToSequence,
-    VocabParallelCrossEntropy,
-    causal_attention,
-)
+from labsim.parallel.tensor_parallel import CopyToParallel, ReduceFromParallel
 
 pytestmark = pytest.mark.multiprocess
 
@@ -50,6 +43,12 @@ def mlp(x, w_up, b_up, w_down, b_down):  # type: ignore[no-untyped-def]
     return G1.apply(F.linear(F.gelu(F.linear(F1.apply(x), w_up, b_up)), w_down)) + b_down
 
 
+def reference_mlp(x, w_up, b_up, w_down, b_down):  # type: ignore[no-untyped-def]
+    """The shortcut: labsim's own operators instead of the learner's."""
+    h = F.gelu(F.linear(CopyToParallel.apply(x), w_up, b_up))
+    return ReduceFromParallel.apply(F.linear(h, w_down)) + b_down
+
+
 def _gather(t: torch.Tensor, dim: int) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t.contiguous())
@@ -63,20 +62,48 @@ def whole_mlp_everywhere(x, w_up, b_up, w_down, b_down):  # type: ignore[no-unty
 
 
 def attention(x, w_qkv, b_qkv, w_o, b_o, head_dim):  # type: ignore[no-untyped-def]
-    heads = causal_attention(F.linear(CopyToParallel.apply(x), w_qkv, b_qkv), head_dim)
-    return ReduceFromParallel.apply(F.linear(heads, w_o)) + b_o
+    s, b, _ = x.shape
+    qkv = F.linear(F1.apply(x), w_qkv, b_qkv)
+    n = qkv.shape[-1] // (3 * head_dim)
+    q, k, v = (t.permute(1, 2, 0, 3) for t in qkv.reshape(s, b, n, 3, head_dim).unbind(3))
+    heads = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return G1.apply(F.linear(heads.permute(2, 0, 1, 3).reshape(s, b, -1), w_o)) + b_o
+
+
+class Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        out = grad.new_empty((grad.shape[0] // dist.get_world_size(), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad.contiguous())
+        return out
+
+
+class Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return Gather.backward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        return Gather.forward(ctx, grad)
 
 
 def sp_block(x, ln_w, ln_b, w_up, b_up, w_down, b_down):  # type: ignore[no-untyped-def]
-    h = GatherFromSequence.apply(F.layer_norm(x, x.shape[-1:], ln_w, ln_b))
-    y = ScatterToSequence.apply(F.linear(F.gelu(F.linear(h, w_up, b_up)), w_down))
+    h = Gather.apply(F.layer_norm(x, x.shape[-1:], ln_w, ln_b))
+    y = Scatter.apply(F.linear(F.gelu(F.linear(h, w_up, b_up)), w_down))
     return x + y + b_down
 
 
 def sp_by_all_reduce(x, ln_w, ln_b, w_up, b_up, w_down, b_down):  # type: ignore
     """The shortcut: all-reduce the MLP's output and keep this rank's rows."""
-    h = GatherFromSequence.apply(F.layer_norm(x, x.shape[-1:], ln_w, ln_b))
-    y = ReduceFromParallel.apply(F.linear(F.gelu(F.linear(h, w_up, b_up)), w_down))
+    h = Gather.apply(F.layer_norm(x, x.shape[-1:], ln_w, ln_b))
+    y = G1.apply(F.linear(F.gelu(F.linear(h, w_up, b_up)), w_down))
     n, r = x.shape[0], dist.get_rank()
     return x + y[r * n:(r + 1) * n] + b_down
 
@@ -84,11 +111,24 @@ def sp_by_all_reduce(x, ln_w, ln_b, w_up, b_up, w_down, b_down):  # type: ignore
 class CE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, vocab_start):  # type: ignore[no-untyped-def]
-        return VocabParallelCrossEntropy.forward(ctx, logits, target, vocab_start)
+        m = logits.max(dim=-1).values
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        exp = (logits - m[:, None]).exp()
+        total = exp.sum(dim=-1)
+        dist.all_reduce(total)
+        local = target - vocab_start
+        mine = (local >= 0) & (local < logits.shape[-1])
+        index = local.clamp(0, logits.shape[-1] - 1)[:, None]
+        picked = (logits - m[:, None]).gather(-1, index)[:, 0] * mine
+        dist.all_reduce(picked)
+        ctx.save_for_backward(exp / total[:, None], index, mine)
+        return total.log() - picked
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        return VocabParallelCrossEntropy.backward(ctx, grad)[:3]
+        softmax, index, mine = ctx.saved_tensors
+        onehot = torch.zeros_like(softmax).scatter_(-1, index, mine[:, None].to(softmax.dtype))
+        return (softmax - onehot) * grad[:, None], None, None
 
 
 class GatheredCE(torch.autograd.Function):
@@ -123,13 +163,13 @@ class Stub(torch.autograd.Function):
 def test_references_pass(capsys: pytest.CaptureFixture[str]) -> None:
     c.parallel_mlp(F1, G1, mlp)
     c.head_parallel_attention(attention)
-    c.sequence_parallel(GatherFromSequence, ScatterToSequence, sp_block)
+    c.sequence_parallel(Gather, Scatter, sp_block)
     c.vocab_parallel_cross_entropy(CE)
     out = capsys.readouterr().out.splitlines()
-    assert out == ["PASS parallel_mlp: 11/11 cases passed",
-                   "PASS head_parallel_attention: 7/7 cases passed",
-                   "PASS sequence_parallel: 11/11 cases passed",
-                   "PASS vocab_parallel_cross_entropy: 8/8 cases passed"]
+    assert out == ["PASS parallel_mlp: 12/12 cases passed",
+                   "PASS head_parallel_attention: 8/8 cases passed",
+                   "PASS sequence_parallel: 12/12 cases passed",
+                   "PASS vocab_parallel_cross_entropy: 9/9 cases passed"]
 
 
 @pytest.mark.parametrize("call", [
@@ -161,7 +201,14 @@ def test_f_without_its_all_reduce_fails() -> None:
 def test_sequence_parallel_by_all_reduce_fails_on_its_rule() -> None:
     with pytest.raises(CheckFailed, match="rule: sequence parallelism replaces each "
                        "all-reduce"):
-        c.sequence_parallel(GatherFromSequence, ScatterToSequence, sp_by_all_reduce)
+        c.sequence_parallel(Gather, Scatter, sp_by_all_reduce)
+
+
+def test_calling_labsims_reference_fails_on_its_rule() -> None:
+    with pytest.raises(CheckFailed, match="rule: the exercise is to write it, not to call "
+                       "labsim's reference; your code called labsim.parallel.tensor_parallel"
+                       ".CopyToParallel.backward"):
+        c.parallel_mlp(F1, G1, reference_mlp)
 
 
 def test_gathering_the_logits_fails_on_its_rule() -> None:

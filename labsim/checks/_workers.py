@@ -64,3 +64,44 @@ def check_outcomes(title: str, rows: Sequence[tuple[str, Any, Any, Compare]]) ->
 
     run_check(title, value, [Case(name, (i,), expected=exp, compare=cmp)
                              for i, (name, _, exp, cmp) in enumerate(rows)])
+
+
+def reference_codes(*owners: Any, names: Sequence[str] | None = None) -> dict[Any, str]:
+    """The code objects of the functions and methods defined in ``owners`` (modules or
+    classes; only ``names`` if given), mapped to their qualified names: what a learner's
+    exercise must not call (``calls``)."""
+    import inspect
+
+    codes: dict[Any, str] = {}
+    for owner in owners:
+        for name, obj in vars(owner).items():
+            if names is not None and name not in names:
+                continue
+            if isinstance(obj, staticmethod):
+                obj = obj.__func__
+            if inspect.isfunction(obj):
+                if getattr(owner, "__name__", "") == obj.__module__ or inspect.isclass(owner):
+                    codes[obj.__code__] = f"{obj.__module__}.{obj.__qualname__}"
+            elif inspect.isclass(obj) and obj.__module__ == getattr(owner, "__name__", ""):
+                codes.update(reference_codes(obj))
+    return codes
+
+
+def calls(codes: dict[Any, str], fn: Callable[..., Any], *args: Any) -> tuple[Any, set[str]]:
+    """``fn(*args)`` and the names of the ``codes`` it entered (seen by a profile hook, so
+    an alias or a wrapper does not hide a call)."""
+    import sys
+
+    entered: set[str] = set()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            entered.add(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, entered

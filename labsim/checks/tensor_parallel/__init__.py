@@ -89,6 +89,18 @@ def _field(runs: list[TPRun] | BaseException, get: Callable[[TPRun], Any]) -> An
     return runs if isinstance(runs, BaseException) else [get(r) for r in runs]
 
 
+def _own_code_row(ranks: Sequence[Any]) -> tuple:
+    """The row holding every rank, in every case, to code of its own: no call into labsim's
+    reference (``labsim.parallel.tensor_parallel``)."""
+    used = [sorted({name for run in r if not isinstance(run, BaseException)
+                    for name in run.references}) if not isinstance(r, BaseException) else []
+            for r in ranks]
+    return ("your own code: it calls nothing of labsim.parallel.tensor_parallel", used,
+            [[] for _ in ranks], lambda got, exp: None if got == exp else
+            "rule: the exercise is to write it, not to call labsim's reference; your code "
+            f"called {', '.join(next(g for g in got if g))}")
+
+
 def _value_rows(label: str, runs: Any, want: list[TPRun], names: Sequence[str]) -> list:
     """Rows comparing outputs and the named gradients, every rank."""
     rows = [(f"{label}: output equals the serial block's", _field(runs, lambda r: r.out),
@@ -122,7 +134,7 @@ def parallel_mlp(f: Any, g: Any, mlp: Callable[..., torch.Tensor],
     ``mlp(x, w_up, b_up, w_down, b_down)``: ``GeLU(x A) B + b`` from this rank's blocks
     (``w_up``: rows = output features, ``w_down``: columns = input features), equal on every
     rank to the whole MLP, with one all-reduce forward and one backward."""
-    title, n = "parallel_mlp", 11
+    title, n = "parallel_mlp", 12
     probe = torch.zeros(1, requires_grad=True)
     fail_if_stub(title, n, lambda: f.apply(probe), lambda: g.apply(probe),
                  lambda: mlp(*(mlp_part(mlp_whole(MLP_SPECS[1]), 0, 1).values())))
@@ -177,6 +189,7 @@ def parallel_mlp(f: Any, g: Any, mlp: Callable[..., torch.Tensor],
                          _field(runs, lambda r, keys=list(want[0].grads): (
                              r.out, [r.grads.get(k) for k in keys])),
                          [(w.out, list(w.grads.values())) for w in want], TOL))
+    rows.append(_own_code_row(ranks))
     check_outcomes(title, rows)
 
 
@@ -201,7 +214,7 @@ def head_parallel_attention(attention: Callable[..., torch.Tensor],
     rank's heads (``w_qkv``: its block of the head-major fused QKV rows; ``w_o``: the matching
     columns of the output projection), equal on every rank to the whole layer, with one
     all-reduce forward and one backward."""
-    title, n = "head_parallel_attention", 7
+    title, n = "head_parallel_attention", 8
     spec = ATTENTION_SPECS[1]
     fail_if_stub(title, n, lambda: attention(*attention_part(attention_whole(spec), 0, 1)
                                              .values(), spec.hidden // spec.heads))
@@ -237,6 +250,7 @@ def head_parallel_attention(attention: Callable[..., torch.Tensor],
                          _field(runs, lambda r, keys=list(want[0].grads): (
                              r.out, [r.grads.get(k) for k in keys])),
                          [(w.out, list(w.grads.values())) for w in want], TOL))
+    rows.append(_own_code_row(ranks))
     check_outcomes(title, rows)
 
 
@@ -268,7 +282,7 @@ def sequence_parallel(gather: Any, scatter: Any, block: Callable[..., torch.Tens
     ``x + MLP(LayerNorm(x))`` from its rows of ``x``, the norm on the shard, the MLP split as
     in ``parallel_mlp``, and no all-reduce.  The replicated parameters' gradients (norm,
     output bias) on each rank are its share: summed over ranks they equal the serial ones."""
-    title, n = "sequence_parallel", 11
+    title, n = "sequence_parallel", 12
     probe = torch.zeros(2, 1, requires_grad=True)
     spec = SP_SPECS[1]
     fail_if_stub(title, n, lambda: gather.apply(probe), lambda: scatter.apply(probe),
@@ -347,6 +361,7 @@ def sequence_parallel(gather: Any, scatter: Any, block: Callable[..., torch.Tens
                          ([(r.out, [r.grads.get(k) for k in sharded]) for r in runs], summed),
                          ([(w.out, [w.grads[k] for k in sharded]) for w in want],
                           [ref.grads[k] for k in shared]), TOL))
+    rows.append(_own_code_row(ranks))
     check_outcomes(title, rows)
 
 
@@ -381,7 +396,7 @@ def vocab_parallel_cross_entropy(ce: Any, timeout_s: float = 120.0) -> None:
     ``(tokens, V / t)`` slice of the logits (vocabulary ids ``vocab_start ..``), equal to
     ``F.cross_entropy`` on the whole logits, its gradient the slice of the whole gradient,
     without ever gathering the logits."""
-    title, n = "vocab_parallel_cross_entropy", 8
+    title, n = "vocab_parallel_cross_entropy", 9
     fail_if_stub(title, n, lambda: ce.apply(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long),
                                             0))
     ranks = run_workers(title, n, ce_worker, NPROCS, (ce, CE_SPECS), timeout_s)
@@ -420,4 +435,5 @@ def vocab_parallel_cross_entropy(ce: Any, timeout_s: float = 120.0) -> None:
                  None, lambda got, _: next(
                      (why for i, case in enumerate(got)
                       if (why := _ce_rule(case, CE_SPECS[i].seq))), None)))
+    rows.append(_own_code_row(ranks))
     check_outcomes(title, rows)

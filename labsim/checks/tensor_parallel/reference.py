@@ -15,23 +15,28 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from labsim.checks._workers import calls, reference_codes
 from labsim.lab.comm import CommRecorder
+from labsim.parallel import tensor_parallel
 from labsim.parallel.tensor_parallel import causal_attention
 
 Comms = tuple[tuple[str, int], ...]
+REFERENCE = reference_codes(tensor_parallel)  # what an exercise must write itself
 
 
 @dataclass(frozen=True)
 class TPRun:
     """One case on one rank: the output, the gradients of the named inputs, the
     communication of forward and backward as (kind, elements) in issue order, and the matmul
-    FLOPs the rank executed (forward and backward)."""
+    FLOPs the rank executed (forward and backward), and the functions of labsim's own
+    tensor-parallel reference it called (``REFERENCE``)."""
 
     out: torch.Tensor
     grads: dict[str, torch.Tensor | None]
     forward: Comms
     backward: Comms
     flops: int
+    references: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -53,17 +58,18 @@ def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
 
 def record(fn: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor],
            upstream: torch.Tensor) -> TPRun:
-    """Run ``fn(*inputs)`` and back-propagate ``upstream`` under a ``CommRecorder``."""
+    """Run ``fn(*inputs)`` and back-propagate ``upstream`` under a ``CommRecorder``, noting
+    any call into labsim's reference (``labsim.parallel.tensor_parallel``)."""
     leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point())
               for k, v in inputs.items()}
     with CommRecorder() as rec:
-        out = fn(*leaves.values())
+        out, used = calls(REFERENCE, fn, *leaves.values())
         rec.phase = "backward"
-        (out * upstream).sum().backward()
+        _, used_backward = calls(REFERENCE, lambda: (out * upstream).sum().backward())
     return TPRun(out.detach(), {k: v.grad for k, v in leaves.items() if v.requires_grad},
                  tuple((c.kind, c.numel) for c in rec.comms if c.phase == "forward"),
                  tuple((c.kind, c.numel) for c in rec.comms if c.phase == "backward"),
-                 rec.flops)
+                 rec.flops, tuple(sorted(used | used_backward)))
 
 
 def serial(fn: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor],
