@@ -147,26 +147,22 @@ def zero_bubble_h1(p: int, m: int) -> Schedule:
     (PyTorch's ``ScheduleInterleavedZeroBubble`` with one stage per rank builds the same
     order.)"""
     _check(p, m)
-    schedule = []
-    for s in range(p):
-        warmup = min(p - s - 1, m)
-        ops = [Op("F", i) for i in range(warmup)]
-        waiting: list[int] = []  # input gradients done whose weight gradient is deferred
+    return tuple(_zero_bubble_stage(s, p, m) for s in range(p))
 
-        def backward(i: int, pairs_done: int) -> None:
-            ops.append(Op("B", i))
-            waiting.append(i)
-            if pairs_done >= s:
-                ops.append(Op("W", waiting.pop(0)))
 
-        for k in range(m - warmup):  # steady state: F, B, and a deferred W
+def _zero_bubble_stage(s: int, p: int, m: int) -> tuple[Op, ...]:
+    warmup = min(p - s - 1, m)
+    ops = [Op("F", i) for i in range(warmup)]
+    waiting: list[int] = []  # input gradients done whose weight gradient is deferred
+    for k in range(m):
+        if k < m - warmup:  # steady state: F, B and (after s pairs) a deferred W
             ops.append(Op("F", warmup + k))
-            backward(k, k)
-        for k in range(m - warmup, m):  # cool-down
-            backward(k, k)
-        ops.extend(Op("W", i) for i in waiting)
-        schedule.append(tuple(ops))
-    return tuple(schedule)
+        ops.append(Op("B", k))  # cool-down: the B (and W) only
+        waiting.append(k)
+        if k >= s:
+            ops.append(Op("W", waiting.pop(0)))
+    ops.extend(Op("W", i) for i in waiting)
+    return tuple(ops)
 
 
 def schedule_problems(schedule: Schedule, p: int, m: int, v: int = 1) -> list[str]:
