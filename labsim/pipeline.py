@@ -19,6 +19,7 @@ the step, and interleaving over ``v`` chunks divides the bubble time by ``v``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -298,6 +299,33 @@ def timeline(schedule: Schedule, t_f: float, t_b: float, *, t_w: float = 0.0,
     bubble = sum(1.0 - b / end for b in busy) / p if end > 0 else 0.0
     return Timeline(end, bubble, tuple(max_in_flight(tuple(ops)) for ops in schedule),
                     messages, spans)
+
+
+def min_microbatches(p: int, target: float, v: int = 1) -> int:
+    """The fewest micro-batches whose bubble ``(p - 1) / (v m + p - 1)`` is at most
+    ``target`` (a fraction in (0, 1)): ``m >= (p - 1)(1 - target) / (v target)``."""
+    _check(p, 1, v)
+    if not 0 < target < 1:
+        raise ValueError(f"target={target!r} must be a fraction strictly between 0 and 1")
+    m = max(1, math.ceil((p - 1) * (1 - target) / (v * target) - 1e-12))
+    while bubble_fraction(p, m, v) > target:  # guard the rounding
+        m += 1
+    return m
+
+
+def bubble_from_trace(trace: Trace) -> float:
+    """The idle share of a pipeline ``trace``'s compute streams from the first op to the last,
+    averaged over its stages (ranks): the bubble as a Gantt chart shows it."""
+    spans = [s for s in trace if s.stream == "compute"]
+    if not spans:
+        return 0.0
+    start = min(s.start_s for s in spans)
+    length = max(s.end_s for s in spans) - start
+    stages = sorted({s.rank for s in spans})
+    busy = {r: 0.0 for r in stages}
+    for s in spans:
+        busy[s.rank] += s.end_s - s.start_s
+    return sum(1.0 - b / length for b in busy.values()) / len(stages) if length > 0 else 0.0
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:

@@ -84,3 +84,17 @@ def test_problems_name_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="deadlock"):
         timeline(stuck, 1.0, 2.0)
     assert "not an op" in schedule_problems(((Op("X", 0),), ()), 2, 1)[0]
+
+
+def test_fewest_micro_batches_for_a_bubble_target() -> None:
+    from labsim.pipeline import bubble_from_trace, min_microbatches
+
+    for p, v in ((2, 1), (4, 1), (8, 1), (8, 2), (16, 4)):
+        m = min_microbatches(p, 0.10, v)
+        assert bubble_fraction(p, m, v) <= 0.10 < (bubble_fraction(p, m - 1, v) if m > 1 else 1)
+    assert min_microbatches(8, 0.10) == 9 * 7
+    assert min_microbatches(1, 0.5) == 1
+    with pytest.raises(ValueError, match="target"):
+        min_microbatches(4, 1.0)
+    tl = timeline(one_f_one_b(4, 8), 1.0, 2.0)
+    assert bubble_from_trace(tl.trace) == pytest.approx(tl.bubble_fraction)
