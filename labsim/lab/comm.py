@@ -18,6 +18,7 @@ send's or receive's buffer.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -112,9 +113,10 @@ class CommRecorder(TorchDispatchMode):
         self.comms: list[CommOp] = []
         self._flops = FlopCounterMode(display=False)
         self.flops = 0
-        from torch.distributed.tensor import DTensor
-
-        self._dtensor = DTensor
+        # DTensor exists only once its module is loaded; importing it here would cost a
+        # second in every process that never uses it
+        tensor_module = sys.modules.get("torch.distributed.tensor")
+        self._dtensor = getattr(tensor_module, "DTensor", None)
 
     def __enter__(self) -> CommRecorder:
         self._flops.__enter__()
@@ -127,7 +129,7 @@ class CommRecorder(TorchDispatchMode):
         self.flops = int(self._flops.get_total_flops())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if any(t is self._dtensor for t in types):
+        if self._dtensor is not None and any(t is self._dtensor for t in types):
             # DTensor first turns the op into local ops and collectives, which come back
             # through this mode: count those (as CommDebugMode does)
             return NotImplemented
