@@ -19,16 +19,20 @@ the step, and interleaving over ``v`` chunks divides the bubble time by ``v``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
     from labsim.network import Placed
     from labsim.step import StepCosts
 
+from labsim.trace import Span, Trace
+
 
 class Op(NamedTuple):
-    """One pass on one stage: ``kind`` "F" (forward) or "B" (backward) of ``microbatch``
+    """One pass on one stage: ``kind`` "F" (forward) or "B" (backward; with a split backward
+    the input gradient only) or "W" (a split backward's weight gradient) of ``microbatch``
     through the stage's local model chunk ``chunk``."""
 
     kind: str
@@ -124,12 +128,208 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 def max_in_flight(ops: tuple[Op, ...]) -> int:
     """Most (micro-batch, chunk) activations held at once by a stage running ``ops``: forwards
-    done whose backward has not run yet."""
+    done whose backward has not run yet (with a split backward, whose weight-gradient pass W
+    has not: W still reads the layer inputs)."""
+    deferred = {(op.microbatch, op.chunk) for op in ops if op.kind == "W"}
     held = peak = 0
     for op in ops:
-        held += 1 if op.kind == "F" else -1
+        if op.kind == "F":
+            held += 1
+        elif op.kind == "W" or (op.kind == "B" and (op.microbatch, op.chunk) not in deferred):
+            held -= 1
         peak = max(peak, held)
     return peak
+
+
+def zero_bubble_h1(p: int, m: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", ICLR, section 3.1): 1F1B
+    with each backward split into ``B`` (the input gradient, which the previous stage waits
+    for) and ``W`` (the weight gradient, which only the optimizer needs).  Stage ``s`` runs
+    1F1B's ``p - s - 1`` warm-up forwards, then forward / input-gradient pairs, and starts the
+    deferred ``W`` passes only after ``s`` pairs, so they fill what would be the bubble; the
+    remaining ``W`` run at the end.  Bubble ``(p - 1)(t_F + t_B - t_W)`` instead of 1F1B's
+    ``(p - 1)(t_F + t_B + t_W)``; every stage holds at most ``p`` micro-batches (1F1B's peak).
+    (PyTorch's ``ScheduleInterleavedZeroBubble`` with one stage per rank builds the same
+    order.)"""
+    _check(p, m)
+    return tuple(_zero_bubble_stage(s, p, m) for s in range(p))
+
+
+def _zero_bubble_stage(s: int, p: int, m: int) -> tuple[Op, ...]:
+    warmup = min(p - s - 1, m)
+    ops = [Op("F", i) for i in range(warmup)]
+    waiting: list[int] = []  # input gradients done whose weight gradient is deferred
+    for k in range(m):
+        if k < m - warmup:  # steady state: F, B and (after s pairs) a deferred W
+            ops.append(Op("F", warmup + k))
+        ops.append(Op("B", k))  # cool-down: the B (and W) only
+        waiting.append(k)
+        if k >= s:
+            ops.append(Op("W", waiting.pop(0)))
+    ops.extend(Op("W", i) for i in waiting)
+    return tuple(ops)
+
+
+def schedule_problems(schedule: Schedule, p: int, m: int, v: int = 1) -> list[str]:
+    """What is wrong with a schedule for ``p`` stages, ``m`` micro-batches and ``v`` chunks
+    per stage, in words (empty when it is right): every stage runs a forward ``F`` and a
+    backward ``B`` of every (micro-batch, chunk) exactly once, the backward after the forward;
+    a split backward's ``W`` once after its ``B`` (for all ops or none); and the ops can run
+    (no stage waits for a message that never comes).  Dependencies are those of
+    ``labsim.pipeline``'s module docstring."""
+    _check(p, m, v)
+    if len(schedule) != p:
+        return [f"{len(schedule)} stage lists for p={p} stages"]
+    problems = []
+    kinds = {op.kind for ops in schedule for op in ops} if all(
+        isinstance(op, tuple) and len(op) == 3 for ops in schedule for op in ops) else set()
+    if not kinds:
+        return ["every op must be an Op(kind, microbatch, chunk)"]
+    split = "W" in kinds
+    for s, ops in enumerate(schedule):
+        seen: dict[tuple[str, int, int], int] = {}
+        for k, (kind, mb, chunk) in enumerate(ops):
+            if kind not in "FBW" or not 0 <= mb < m or not 0 <= chunk < v:
+                problems.append(f"stage {s} op {k}: {kind}{mb} chunk {chunk} is not an op of "
+                                f"this schedule (kinds F B W, micro-batches 0..{m - 1}, "
+                                f"chunks 0..{v - 1})")
+                continue
+            if (kind, mb, chunk) in seen:
+                problems.append(f"stage {s}: {kind}{mb} chunk {chunk} runs twice")
+            seen[(kind, mb, chunk)] = k
+        for mb in range(m):
+            for chunk in range(v):
+                f, b = seen.get(("F", mb, chunk)), seen.get(("B", mb, chunk))
+                w = seen.get(("W", mb, chunk))
+                if f is None or b is None or (split and w is None):
+                    problems.append(f"stage {s}: micro-batch {mb} chunk {chunk} lacks "
+                                    + ("a forward" if f is None else "a backward" if b is None
+                                       else "its weight-gradient W"))
+                elif b < f or (w is not None and w < b):
+                    problems.append(f"stage {s}: micro-batch {mb} chunk {chunk} runs its "
+                                    "backward before its forward (or W before B)")
+    if not problems:
+        try:
+            timeline(schedule, 1.0, 2.0, t_w=1.0 if split else 0.0)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When every op of a schedule runs on uniform stages (``timeline``): the step's seconds,
+    its bubble (idle share of the stages from the start to the last op, averaged over
+    stages), peak (micro-batch, chunk) activations per stage, point-to-point messages between
+    different stages, and the spans (stage = rank) of its ``trace``."""
+
+    step_time_s: float
+    bubble_fraction: float
+    in_flight: tuple[int, ...]
+    messages: int
+    spans: list[Span] = field(repr=False, compare=False)
+
+    @property
+    def trace(self) -> Trace:
+        return Trace(self.spans, detail="op", rank_label="pipeline stage")
+
+
+_KIND_NAME = {"F": "forward", "B": "backward", "W": "wgrad"}
+
+
+def timeline(schedule: Schedule, t_f: float, t_b: float, *, t_w: float = 0.0,
+             p2p_s: float = 0.0) -> Timeline:
+    """Run ``schedule`` on paper: ``p = len(schedule)`` uniform stages whose forward of one
+    micro-batch takes ``t_f`` and backward ``t_b`` (with ``W`` ops: ``t_b - t_w`` for the
+    input gradient B and ``t_w`` for W), split evenly over the ``v`` chunks of an interleaved
+    schedule; every message between two stages ``p2p_s``, one at a time per direction.  Each
+    op starts when its stage is free and its input has arrived: an exact evaluation of the
+    schedule's critical path (``labsim.sim.pipeline.simulate_pipeline`` is the simulated
+    face for the named schedules and agrees).  Raises ``ValueError`` naming the stage and op
+    that wait for a message no stage ever sends."""
+    p = len(schedule)
+    v = 1 + max(op.chunk for ops in schedule for op in ops)
+    n = p * v
+    split = any(op.kind == "W" for ops in schedule for op in ops)
+    dur = {"F": t_f / v, "B": (t_b - t_w if split else t_b) / v, "W": t_w / v}
+    arrival: dict[tuple[str, int, int], float] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    clock, pos, busy = [0.0] * p, [0] * p, [0.0] * p
+    spans: list[Span] = []
+    messages = 0
+
+    def send(key: tuple[str, int, int], src: int, ready: float) -> None:
+        nonlocal messages
+        dst = key[2] % p
+        if dst == src:  # the next chunk is on this stage: nothing travels
+            arrival[key] = ready
+            return
+        start = max(ready, link_free.get((src, dst), 0.0))
+        link_free[(src, dst)] = arrival[key] = start + p2p_s
+        messages += 1
+        spans.append(Span(src, "p2p", "send", start, start + p2p_s,
+                          f"send {key[0]}{key[1]}" + (f" chunk {key[2]}" if v > 1 else "")))
+
+    progress = True
+    while progress:
+        progress = False
+        for s, ops in enumerate(schedule):
+            while pos[s] < len(ops):
+                kind, mb, chunk = ops[pos[s]]
+                g = chunk * p + s
+                start = clock[s]
+                if kind == "F" and g > 0 or kind == "B" and g < n - 1:
+                    key = (kind, mb, g)
+                    if key not in arrival:
+                        break  # waits for a message not sent yet
+                    start = max(start, arrival[key])
+                end = clock[s] = start + dur[kind]
+                busy[s] += end - start
+                label = f"{kind}{mb}" + (f" chunk {g}" if v > 1 else "")
+                spans.append(Span(s, "compute", _KIND_NAME[kind], start, end, label))
+                if kind == "F" and g < n - 1:
+                    send(("F", mb, g + 1), s, end)
+                elif kind == "B" and g > 0:
+                    send(("B", mb, g - 1), s, end)
+                pos[s] += 1
+                progress = True
+    stuck = [s for s in range(p) if pos[s] < len(schedule[s])]
+    if stuck:
+        s = stuck[0]
+        kind, mb, chunk = schedule[s][pos[s]]
+        raise ValueError(f"deadlock: stage {s} waits at {kind}{mb} chunk {chunk} for a "
+                         "message that no stage sends before it waits too")
+    end = max(clock)
+    bubble = sum(1.0 - b / end for b in busy) / p if end > 0 else 0.0
+    return Timeline(end, bubble, tuple(max_in_flight(tuple(ops)) for ops in schedule),
+                    messages, spans)
+
+
+def min_microbatches(p: int, target: float, v: int = 1) -> int:
+    """The fewest micro-batches whose bubble ``(p - 1) / (v m + p - 1)`` is at most
+    ``target`` (a fraction in (0, 1)): ``m >= (p - 1)(1 - target) / (v target)``."""
+    _check(p, 1, v)
+    if not 0 < target < 1:
+        raise ValueError(f"target={target!r} must be a fraction strictly between 0 and 1")
+    m = max(1, math.ceil((p - 1) * (1 - target) / (v * target) - 1e-12))
+    while bubble_fraction(p, m, v) > target:  # guard the rounding
+        m += 1
+    return m
+
+
+def bubble_from_trace(trace: Trace) -> float:
+    """The idle share of a pipeline ``trace``'s compute streams from the first op to the last,
+    averaged over its stages (ranks): the bubble as a Gantt chart shows it."""
+    spans = [s for s in trace if s.stream == "compute"]
+    if not spans:
+        return 0.0
+    start = min(s.start_s for s in spans)
+    length = max(s.end_s for s in spans) - start
+    stages = sorted({s.rank for s in spans})
+    busy = {r: 0.0 for r in stages}
+    for s in spans:
+        busy[s.rank] += s.end_s - s.start_s
+    return sum(1.0 - b / length for b in busy.values()) / len(stages) if length > 0 else 0.0
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:

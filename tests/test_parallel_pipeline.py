@@ -30,3 +30,24 @@ def test_split_stages() -> None:
     assert [len(s) for s in stages] == [2, 2, 2] and stages[1][0] is layers[2]
     with pytest.raises(ValueError, match="equal stages"):
         split_stages(layers, 4)
+
+
+def test_timed_stage_pads_and_logs_each_op_in_order() -> None:
+    import time
+
+    import torch
+
+    from labsim.parallel.pipeline import TimedStage, measured_bubble
+
+    stage = TimedStage(nn.Linear(3, 3).double(), t_f=0.02, t_b=0.04)
+    stage.reset(time.perf_counter())
+    outs = [stage(torch.randn(2, 3, dtype=torch.float64)) for _ in range(2)]
+    outs[1].backward(torch.ones(2, 3, dtype=torch.float64))
+    outs[0].sum().backward()
+    assert [(op.kind, op.microbatch) for op in stage.log] == [("F", 0), ("F", 1), ("B", 1),
+                                                             ("B", 0)]
+    assert all(op.end_s - op.start_s >= (0.02 if op.kind == "F" else 0.04)
+               for op in stage.log)
+    assert stage.inner.weight.grad is not None
+    step, bubble = measured_bubble([stage.log])
+    assert step >= 0.12 and 0 <= bubble < 1

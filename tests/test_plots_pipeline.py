@@ -31,3 +31,13 @@ def test_pipeline_gantt_of_a_step_with_streams():
     assert "2 more stages not shown" in ax.get_title()
     legend = {t.get_text() for t in ax.get_legend().get_texts()}
     assert {"forward", "backward", "recompute", "send"} <= legend
+
+
+def test_in_flight_bubble_and_p2p_figures():
+    from labsim.plots.pipeline import bubble_curves, in_flight_bars, p2p_curves
+
+    fig = in_flight_bars({"GPipe": (8, 8, 8, 8), "1F1B": (4, 3, 2, 1)})
+    assert len(fig.axes[0].patches) == 8
+    fig = bubble_curves({4: [(1, 0.75), (8, 0.27)]}, target=0.1)
+    assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"p=4", "10%"}
+    assert len(p2p_curves({"1F1B": [(0.0, 33.0), (0.5, 40.0)]}).axes[0].lines) == 1

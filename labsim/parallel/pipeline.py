@@ -16,13 +16,21 @@ gradients of the stage's parameters accumulate over the micro-batches (the loss 
 ``m``): after the step they equal one process on the whole batch, the oracle ``demo`` checks.
 Interleaved 1F1B (several model chunks per rank) is left to ``torch.distributed.pipelining``.
 
+``TimedStage`` wraps a stage so that every forward lasts ``t_f`` and every backward ``t_b``
+(the compute padded by sleeping, so that 2 CPU cores can run a 4-stage pipeline whose stage
+times are known) and logs when each op ran (``OpTime``): the measured bubble can then be
+compared with the closed form, and the order of the ops with the schedule's.
+
 Runs under ``torchrun --nproc_per_node=N -m labsim.lab.worker labsim.parallel.pipeline:demo``
 (gloo on CPUs, NCCL on GPUs: stages on the rank's device).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,7 +39,7 @@ from torch import nn
 from labsim.lab.device import rank_device
 from labsim.pipeline import Op, make_schedule
 
-__all__ = ["demo", "run_stage", "split_stages"]
+__all__ = ["OpTime", "TimedStage", "demo", "measured_bubble", "run_stage", "split_stages"]
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -42,6 +50,98 @@ def split_stages(layers: Sequence[nn.Module], stages: int) -> list[nn.Sequential
         raise ValueError(f"{len(layers)} layers do not split into {stages} equal stages")
     per = len(layers) // stages
     return [nn.Sequential(*layers[s * per:(s + 1) * per]) for s in range(stages)]
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One op a stage ran: ``kind`` "F", "B" (or, split, "I" input gradient and "W" weight
+    gradient), the micro-batch (the ordinal of its forward on this stage), the stage's model
+    chunk, and its start and end in seconds from the run's start."""
+
+    kind: str
+    microbatch: int
+    chunk: int
+    start_s: float
+    end_s: float
+
+
+def _sleep_until(deadline: float) -> None:
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
+class _Enter(torch.autograd.Function):
+    """Marks a stage's input: its backward runs last in the stage's backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, anchor: torch.Tensor, stage: TimedStage
+                ) -> torch.Tensor:
+        ctx.stage, ctx.index = stage, len(stage.forwards)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        ctx.stage._end_backward(ctx.index)
+        return grad, torch.zeros(()), None
+
+
+class _Exit(torch.autograd.Function):
+    """Marks a stage's output: its backward runs first in the stage's backward."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, stage: TimedStage) -> torch.Tensor:
+        ctx.stage = stage
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.stage._backward_started = time.perf_counter()
+        return grad, None
+
+
+class TimedStage(nn.Module):
+    """``inner`` as a pipeline stage whose forward lasts ``t_f`` and backward ``t_b`` seconds
+    (the compute padded by sleeping; 0 = unpadded), logging each op in ``log`` (``OpTime``,
+    seconds from ``start``).  A backward starts when the gradient of the stage's output
+    arrives and ends when the input's gradient is complete."""
+
+    def __init__(self, inner: nn.Module, t_f: float = 0.0, t_b: float = 0.0,
+                 chunk: int = 0) -> None:
+        super().__init__()
+        self.inner, self.t_f, self.t_b, self.chunk = inner, t_f, t_b, chunk
+        self.start = time.perf_counter()
+        self.log: list[OpTime] = []
+        self.forwards: list[int] = []
+        self._backward_started = 0.0
+        self._anchor = torch.zeros((), requires_grad=True)  # so backward reaches _Enter
+
+    def reset(self, start: float) -> None:
+        """Forget the log; times count from ``start`` (a ``time.perf_counter()`` value)."""
+        self.start, self.log, self.forwards = start, [], []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        begin = time.perf_counter()
+        y = _Exit.apply(self.inner(_Enter.apply(x, self._anchor, self)), self)
+        _sleep_until(begin + self.t_f)
+        self.log.append(OpTime("F", len(self.forwards), self.chunk, begin - self.start,
+                               time.perf_counter() - self.start))
+        self.forwards.append(len(self.forwards))
+        return y
+
+    def _end_backward(self, index: int) -> None:
+        _sleep_until(self._backward_started + self.t_b)
+        self.log.append(OpTime("B", index, self.chunk, self._backward_started - self.start,
+                               time.perf_counter() - self.start))
+
+
+def measured_bubble(logs: Sequence[Sequence[OpTime]]) -> tuple[float, float]:
+    """(step seconds, bubble) of a run from every rank's ops: the step from the first op's
+    start to the last op's end over all ranks, the bubble the idle share of it averaged over
+    ranks (``labsim.pipeline.timeline``'s definition)."""
+    first = min(op.start_s for log in logs for op in log)
+    end = max(op.end_s for log in logs for op in log) - first
+    busy = [sum(op.end_s - op.start_s for op in log) for log in logs]
+    return end, sum(1.0 - b / end for b in busy) / len(logs)
 
 
 def _tag(microbatch: int, backward: bool) -> int:

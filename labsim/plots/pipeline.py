@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from labsim.plots._figure import new_figure
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#937860",
-           "comm": "#55A868", "send": "#64B5CD", "optimizer": "#8172B3"}
+           "comm": "#55A868", "send": "#64B5CD", "optimizer": "#8172B3", "wgrad": "#C44E52"}
 _UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 
@@ -69,5 +69,58 @@ def pipeline_gantt(result: object, *, streams: tuple[str, ...] = ("compute",),
     ax.set_title((title or "Pipeline schedule") + note + more, fontsize=10)
     ax.legend(handles=[Patch(color=COLOURS.get(k, "#999999"), label=k) for k in kinds],
               fontsize=7, loc="upper right", ncol=len(kinds))
+    fig.tight_layout()
+    return fig
+
+
+def in_flight_bars(series: dict[str, tuple[int, ...]], title: str = "") -> Figure:
+    """Grouped bars: peak (micro-batch, chunk) activations each stage holds, per schedule
+    (``labsim.pipeline.max_in_flight`` of each stage's ops)."""
+    fig = new_figure((7, 3.2))
+    ax = fig.subplots()
+    width = 0.8 / max(len(series), 1)
+    for j, (name, held) in enumerate(series.items()):
+        ax.bar([s + (j - (len(series) - 1) / 2) * width for s in range(len(held))], held,
+               width, label=name)
+    stages = max((len(h) for h in series.values()), default=0)
+    ax.set_xticks(range(stages))
+    ax.set_xticklabels([f"stage {s}" for s in range(stages)])
+    ax.set_ylabel("activations held at peak\n(micro-batch chunks)")
+    ax.set_title(title or "in-flight activations per stage", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def bubble_curves(rows: dict[int, list[tuple[int, float]]], target: float | None = None,
+                  title: str = "") -> Figure:
+    """Bubble fraction against micro-batches, one line per pipeline depth ``p`` (``rows[p]``
+    = [(m, bubble), ...]); ``target`` draws a horizontal line (e.g. 0.10)."""
+    fig = new_figure((6, 3.4))
+    ax = fig.subplots()
+    for p, points in rows.items():
+        ax.semilogx([m for m, _ in points], [b for _, b in points], "o-", ms=3, label=f"p={p}",
+                    base=2)
+    if target is not None:
+        ax.axhline(target, color="red", ls="--", lw=1, label=f"{target:.0%}")
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble fraction")
+    ax.set_title(title or "pipeline bubble vs micro-batches", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def p2p_curves(rows: dict[str, list[tuple[float, float]]], title: str = "") -> Figure:
+    """Step time against the time of one point-to-point message, one line per schedule
+    (``rows[name]`` = [(p2p_s, step_s), ...])."""
+    fig = new_figure((6, 3.4))
+    ax = fig.subplots()
+    for name, points in rows.items():
+        ax.plot([x for x, _ in points], [y for _, y in points], "o-", ms=3, label=name)
+    ax.set_xlabel("one message between stages (in units of a stage's forward)")
+    ax.set_ylabel("step time (same units)")
+    ax.set_title(title or "interleaving sends v times the messages", fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

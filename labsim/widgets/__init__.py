@@ -9,8 +9,9 @@ from labsim.widgets.collectives import collectives_figure, explore_collectives
 from labsim.widgets.data_parallel import dp_step_figure, explore_data_parallel
 from labsim.widgets.loading import dataloader_figure, explore_dataloader
 from labsim.widgets.memory import memory_explorer, memory_figure
+from labsim.widgets.pipeline import explore_pipeline, pipeline_figure
 from labsim.widgets.zero import explore_zero, zero_figure
 
 __all__ = ["collectives_figure", "dataloader_figure", "dp_step_figure", "explore_collectives",
-           "explore_data_parallel", "explore_dataloader", "explore_zero", "memory_explorer",
-           "memory_figure", "zero_figure"]
+           "explore_data_parallel", "explore_dataloader", "explore_pipeline", "explore_zero",
+           "memory_explorer", "memory_figure", "pipeline_figure", "zero_figure"]
