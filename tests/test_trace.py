@@ -72,3 +72,18 @@ def test_a_training_step_names_its_processes_as_pipeline_stages(tmp_path: Path) 
 def test_writing_into_a_missing_folder_says_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         Trace().to_chrome(tmp_path / "nope" / "t.json")
+
+
+@pytest.mark.parametrize("detail, words", [("op", "one bar per operation"),
+                                           ("phase", "one bar per phase"), ("full", "")])
+def test_a_gantt_title_says_what_a_bar_is_in_words(detail: str, words: str) -> None:
+    import matplotlib.pyplot as plt
+
+    from labsim.plots.trace import gantt
+
+    trace = Trace(detail=detail)
+    trace.add(0, "comm", "send", 0.0, 1e-3, "ring step 1/3", 1e6)
+    fig = gantt(trace, title="A ring")
+    title = fig.axes[0].get_title()
+    plt.close(fig)
+    assert title.startswith("A ring") and words in title and "detail" not in title

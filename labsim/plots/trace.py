@@ -23,6 +23,11 @@ _PHASE_COLOURS = ["#55A868", "#4C72B0", "#DD8452", "#8172B3", "#937860", "#DA8BC
                   "#64B5CD", "#C44E52"]
 _UNITS = [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")]
 
+# how much of the run a trace shows, said in a subtitle (Trace.detail)
+DETAIL_WORDS = {"full": "", "op": " (one bar per operation)",
+                "step": " (one bar per algorithm step, on its first sender's row)",
+                "phase": " (one bar per phase, on its first sender's row)"}
+
 
 def _unit(span_s: float) -> tuple[float, str]:
     for scale, name in _UNITS:
@@ -80,7 +85,7 @@ def gantt(trace: Trace, *, ranks: Sequence[int] | None = None, max_rows: int = 3
     ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(0, max(trace.makespan_s / scale, 1e-12))
     note = f" ({hidden} more rows not shown)" if hidden else ""
-    detail = "" if trace.detail == "full" else f" [trace detail: {trace.detail}]"
+    detail = DETAIL_WORDS.get(trace.detail, f" ({trace.detail})")
     ax.set_title((title or "Gantt chart") + detail + note, fontsize=10)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in kinds.items()], fontsize=7,
               loc="upper right")
