@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -230,6 +231,7 @@ def test_solution_runs_clean_and_its_widget_reacts(browser, server) -> None:
         page.wait_for_selector(IDLE, timeout=60_000)
         page.wait_for_timeout(1000)  # the redraw runs just after the change
         assert widget_figures(page) == 1, "a redraw left other than one figure on show"
+        page.locator(".jp-OutputArea .widget-slider").first.scroll_into_view_if_needed()
     finally:
         page.screenshot(path=str(ARTIFACTS / f"{LAB}-solution.png"), full_page=True)
         page.close()
@@ -262,6 +264,26 @@ def test_a_saved_lab_reopens_showing_its_figures(browser, server) -> None:
         page.close()
 
 
+def test_a_released_lab_opens_showing_no_result(browser, server) -> None:
+    """Before anything runs, a released lab shows no output at all: no PASS under a stub."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    relpath = _copy(server, "labs", LAB).replace(f"{LAB}.ipynb", f"{LAB}-opened.ipynb")
+    shutil.copy(server[1] / "labs" / f"{LAB}.ipynb", server[1] / relpath)
+    base, token = server[0].split("|")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/workspaces/opened/tree/{relpath}?reset&token={token}")
+        page.wait_for_selector(f"{PANEL} .jp-Cell", timeout=120_000)
+        page.wait_for_selector(IDLE, timeout=120_000)
+        page.get_by_text("NBVAL_CHECK_OUTPUT").first.scroll_into_view_if_needed()
+        text = page.inner_text(".jp-Notebook")
+        assert not re.search(r"PASS \w+: \d+/\d+ cases passed", text)
+        assert page.locator(f"{PANEL} .jp-OutputArea-output").count() == 0
+    finally:
+        page.screenshot(path=str(ARTIFACTS / f"{LAB}-opened.png"), full_page=True)
+        page.close()
+
+
 def test_released_lab_shows_failing_checks(browser, server) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page, nb = open_and_run_all(browser, server, _copy(server, "labs", LAB))
@@ -275,6 +297,12 @@ def test_released_lab_shows_failing_checks(browser, server) -> None:
         assert first == ["ExerciseNotDone"], checks[0]["outputs"]
         assert not any(t.startswith("PASS") for t in _check_texts(nb))
         assert "not implemented yet" in page.inner_text(".jp-Notebook")
+        failure = page.get_by_text("ExerciseNotDone").first
+        failure.scroll_into_view_if_needed()
+        # the short message and a hint, no traceback through labsim's own files
+        shown = failure.locator("xpath=ancestor::div[contains(@class,'jp-OutputArea')][1]")
+        assert "labsim/checks" not in shown.inner_text()
+        assert "hint:" in shown.inner_text()
     finally:
         page.screenshot(path=str(ARTIFACTS / f"{LAB}-lab.png"), full_page=True)
         page.close()
