@@ -79,7 +79,10 @@ def test_each_reason_is_named() -> None:
 
 
 def test_tp_overlap_and_tp_cap_are_searched() -> None:
-    specs = list(candidate_plans(GPT2, labsim.dgx_a100(2), 32, tp_max=8))
+    generic = list(candidate_plans(GPT2, labsim.dgx_a100(2), 32))
+    assert {s["tp_comm_overlap"] for s in generic} == {False}  # the profile hides none
+    specs = list(candidate_plans(GPT2, labsim.dgx_a100(2), 32, tp_max=8,
+                                 software="megatron-core-te"))
     assert max(s["tp"] for s in specs) == 8
     assert {s["tp_comm_overlap"] for s in specs if s["tp"] > 1} == {False, True}
     assert {s["tp_comm_overlap"] for s in specs if s["tp"] == 1} == {False}

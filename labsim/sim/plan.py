@@ -34,6 +34,7 @@ from typing import Any
 from labsim.cluster import Cluster
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
+from labsim.software import profile
 from labsim.step import StepResult, estimate_step
 from labsim.workload import Transformer
 
@@ -133,13 +134,17 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                     zero_stages: Sequence[int] = (0, 1, 2, 3),
                     recompute: Sequence[str] = ("none", "selective", "full"),
                     sequence_parallel: Sequence[bool] = (False, True),
-                    tp_comm_overlap: Sequence[bool] = (False, True),
+                    tp_comm_overlap: Sequence[bool] | None = None,
                     tp_max: int | None = None,
                     precision: str = "bf16", **fixed: Any) -> Iterator[dict[str, Any]]:
     """Every combination of plan fields the search looks at (as ``Plan`` keyword arguments;
     ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
-    Sequence parallelism and TP overlap are varied only where tp > 1; ``tp_max`` caps tp
-    (e.g. at the GPUs of a node)."""
+    Sequence parallelism and TP overlap are varied only where tp > 1; TP overlap by default
+    only where the software profile can hide TP communication (``tp_overlap_hidden`` > 0:
+    Megatron-Core with Transformer Engine); ``tp_max`` caps tp (e.g. at a node's GPUs)."""
+    if tp_comm_overlap is None:
+        hides = profile(fixed.get("software", "generic")).tp_overlap_hidden > 0
+        tp_comm_overlap = (False, True) if hides else (False,)
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
