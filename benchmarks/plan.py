@@ -1,6 +1,6 @@
 """How fast the planner ranks plans: plans per second, one process and a local process pool.
 
-    python benchmarks/plan.py                  # Llama-2 7B, 8 DGX H100, Megatron-Core (13,872 plans)
+    python benchmarks/plan.py                  # Llama-2 7B, 8 DGX H100, Megatron-Core
     python benchmarks/plan.py --workers 1 2    # the pool sizes to time
     python benchmarks/plan.py --repeat 3       # best of N
 
