@@ -52,6 +52,12 @@ REASONS = {
 }
 
 
+def layout_name(plan: Plan) -> str:
+    """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
+    return f"{plan.dp}x{plan.tp}x{plan.pp}" + (f" v{plan.virtual_stages}"
+                                               if plan.virtual_stages > 1 else "")
+
+
 @dataclass(frozen=True)
 class RankedPlan:
     """One plan that fits, with its estimated (and, for the best, simulated) step."""
@@ -78,9 +84,7 @@ class RankedPlan:
     @property
     def layout(self) -> str:
         """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
-        p = self.plan
-        return f"{p.dp}x{p.tp}x{p.pp}" + (f" v{p.virtual_stages}" if p.virtual_stages > 1
-                                          else "")
+        return layout_name(self.plan)
 
     def row(self) -> dict[str, Any]:
         """The plan's fields and its figures, flat (one CSV row)."""
@@ -209,7 +213,8 @@ def _evaluate(model: Transformer, cluster: Cluster, specs: Sequence[dict[str, An
         if result.memory is not None and result.memory.total > gpu_bytes:
             dropped["does not fit in memory"] += 1
             continue
-        fits.append((plan, result))
+        # only the figures travel back: the costs and span source are large to pickle
+        fits.append((plan, dataclasses.replace(result, costs=None, span_source=None)))
     return fits, dropped
 
 
@@ -314,3 +319,56 @@ def plan_search(model: Transformer, cluster: Cluster, global_batch: int, *,
                                         simulated=simulate_step(model, cluster, plan))
     ranked[:confirm] = sorted(ranked[:confirm], key=lambda r: r.step_time_s)
     return PlanSearch(tuple(ranked), len(specs), dict(dropped))
+
+
+#: The fields of a published run's plan the search varies; the rest stay as published.
+LAYOUT_FIELDS = ("dp", "tp", "pp", "virtual_stages", "schedule")
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    """A published run's layout beside the planner's choice on the same model, GPUs, batch
+    and settings: ``rank`` is the published layout's place in the planner's ranking (0 =
+    the planner's best; None: the planner drops it, e.g. as not fitting)."""
+
+    run_id: str
+    published: str
+    search: PlanSearch
+    rank: int | None
+
+    @property
+    def best(self) -> str:
+        return self.search.best.layout
+
+    @property
+    def agrees(self) -> bool:
+        return self.rank == 0
+
+    def slowdown(self) -> float | None:
+        """The published layout's step time over the planner's best, minus 1."""
+        if self.rank is None:
+            return None
+        return self.search.ranked[self.rank].step_time_s / self.search.best.step_time_s - 1
+
+
+def check_layout(run: Any, *, max_virtual_stages: int | None = None, confirm: int = 3,
+                 workers: int | None = None, **space: Any) -> LayoutCheck:
+    """Search the layouts (``LAYOUT_FIELDS``) of a published run (``labsim.published.Run``)
+    with every other setting as published (micro-batch, ZeRO stage, recompute, sequence
+    parallelism, precision, software), and place the published layout in the ranking."""
+    spec = dict(run.plan_spec)
+    fixed = {k: v for k, v in spec.items() if k not in LAYOUT_FIELDS + (
+        "micro_batch", "global_batch", "zero_stage", "recompute", "sequence_parallel",
+        "tp_comm_overlap")}
+    v = spec.get("virtual_stages", 1)
+    search = plan_search(
+        run.model, run.cluster, spec["global_batch"], confirm=confirm, workers=workers,
+        micro_batches=(spec.get("micro_batch", 1),), zero_stages=(spec.get("zero_stage", 0),),
+        recompute=(spec.get("recompute", "none"),),
+        sequence_parallel=(spec.get("sequence_parallel", False),),
+        max_virtual_stages=max_virtual_stages or max(4, v), **{**fixed, **space})
+    p = run.plan
+    key = (p.dp, p.tp, p.pp, p.virtual_stages)
+    rank = next((i for i, r in enumerate(search.ranked)
+                 if (r.plan.dp, r.plan.tp, r.plan.pp, r.plan.virtual_stages) == key), None)
+    return LayoutCheck(run.id, layout_name(p), search, rank)
