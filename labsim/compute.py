@@ -315,3 +315,19 @@ def kind_seconds(model: Transformer, micro_batch: int, gpu: GPU, *,
             "attention": layers * attention_s,
             "elementwise": layers * elementwise + ce,
             "optimizer": optimizer_time(model.params, gpu, optimizer, sustained)}
+
+
+def softmax_seconds(model: Transformer, micro_batch: int, gpu: GPU, *,
+                    precision: str | Precision = "bf16",
+                    sustained: float | None = None) -> float:
+    """Seconds of one step's memory-bound part of *standard* attention (the fused softmax
+    and the dropout over the ``s x s`` scores, forward and backward, every layer): the part
+    of ``kind_seconds(..., attention="standard")["attention"]`` that FlashAttention removes
+    by never writing the scores to HBM."""
+    prec = training_precision(precision)
+    e = prec.activation_bytes
+    qk = {g.name: g for g in model.layer_gemms(micro_batch, 1)}["attn_scores"]
+    scores = qk.batch * model.seq_len * model.seq_len
+    per_layer = (memory_time(scores * (2 * e + 2 * e + 1), gpu, sustained)
+                 + memory_time(scores * (2 * e + 1 + 3 * e), gpu, sustained))
+    return model.layers * per_layer

@@ -113,3 +113,13 @@ def test_kind_seconds_recut_the_same_step() -> None:
     assert fa["attention"] < std["attention"] / 2
     assert {k: fa[k] for k in KINDS if k != "attention"} == pytest.approx(
         {k: std[k] for k in KINDS if k != "attention"})
+
+
+def test_softmax_seconds_is_part_of_standard_attention() -> None:
+    from labsim.compute import kind_seconds, softmax_seconds
+
+    long = Transformer(layers=4, hidden=512, heads=8, seq_len=8192, vocab=1000)
+    g = gpu("H100-SXM")
+    soft = softmax_seconds(long, 1, g)
+    core = kind_seconds(long, 1, g, attention="standard", precision="bf16")["attention"]
+    assert 0.5 * core < soft < core  # at 8192 tokens the scores' traffic dominates the core
