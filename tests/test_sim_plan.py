@@ -159,3 +159,30 @@ def test_bad_global_batch(bad: object) -> None:
 def test_bad_search_settings(kwargs: dict, word: str) -> None:
     with pytest.raises(ValueError, match=word):
         plan_search(GPT2, labsim.dgx_a100(1), 32, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_multiprocessing_pool_gives_the_same_ranking() -> None:
+    """The multiprocessing.Pool API (apply_async / get), which Ray's
+    ray.util.multiprocessing.Pool provides as a drop-in replacement."""
+    import multiprocessing
+
+    local = plan_search(GPT2, labsim.dgx_a100(1), 32, workers=1, confirm=0, **SPACE)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        other = plan_search(GPT2, labsim.dgx_a100(1), 32, executor=pool, confirm=0, chunk=9,
+                            **SPACE)
+    assert [r.row() for r in local.ranked] == [r.row() for r in other.ranked]
+    assert local.dropped == other.dropped
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_runs_unchanged_on_a_local_ray_pool() -> None:
+    ray_mp = pytest.importorskip(
+        "ray.util.multiprocessing", reason="ray is not installed here; the apply_async hook "
+        "is tested with the standard library's multiprocessing.Pool instead")
+    with ray_mp.Pool(2) as pool:
+        remote = plan_search(GPT2, labsim.dgx_a100(1), 32, executor=pool, confirm=0, **SPACE)
+    local = plan_search(GPT2, labsim.dgx_a100(1), 32, workers=1, confirm=0, **SPACE)
+    assert [r.row() for r in remote.ranked] == [r.row() for r in local.ranked]

@@ -10,8 +10,10 @@ included), re-ranking those by their simulated time.
 
 Estimating is embarrassingly parallel: plans are cut into chunks and evaluated on an executor,
 by default the standard library's process pool over the local cores.  Any object with
-``submit(fn, *args)`` returning a future with ``result()`` works unchanged: a
-``concurrent.futures`` executor, or a distributed engine's (Dask's ``Client.get_executor()``);
+``submit(fn, *args)`` returning a future with ``result()`` works unchanged (a
+``concurrent.futures`` executor, Dask's ``Client.get_executor()``), and so does any with the
+``multiprocessing.Pool`` API's ``apply_async`` (the standard library's pool, Ray's
+``ray.util.multiprocessing.Pool``, which its documentation gives as a drop-in replacement);
 every argument a chunk needs pickles.  The ranking does not depend on the executor or on the
 order chunks finish in.
 
@@ -232,6 +234,14 @@ def _run_chunks(parts: list, work: Callable, executor: Any, workers: int | None,
             out.append(work(p))
             _tick(bar, out[-1])
         return out
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        # the multiprocessing.Pool API: Ray's ray.util.multiprocessing.Pool is a drop-in one
+        pending = [executor.apply_async(work, (p,)) for p in parts]
+        out = []
+        for r in pending:
+            out.append(r.get())
+            _tick(bar, out[-1])
+        return out
     pool = cf.ProcessPoolExecutor(n) if executor is None else executor
     try:
         futures = [pool.submit(work, p) for p in parts]
@@ -277,7 +287,8 @@ def plan_search(model: Transformer, cluster: Cluster, global_batch: int, *,
     ``executor``: where chunks of ``chunk`` plans are estimated (default: a process pool of
     ``workers`` processes, all local cores; ``workers=1`` estimates in this process; or any
     object whose ``submit(fn, arg)`` returns a future with ``result()``, e.g. Dask's
-    ``Client.get_executor()``).  ``progress`` shows a bar of plans done (a string labels it).
+    ``Client.get_executor()``, or with ``apply_async``, e.g. Ray's multiprocessing pool).
+    ``progress`` shows a bar of plans done (a string labels it).
     """
     if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
         raise ValueError(f"global_batch={global_batch!r}: must be a positive whole number of "
@@ -290,9 +301,12 @@ def plan_search(model: Transformer, cluster: Cluster, global_batch: int, *,
                                 or workers < 1):
         raise ValueError(f"workers={workers!r}: must be a whole number >= 1 (or None: all "
                          "cores)")
-    if executor is not None and not callable(getattr(executor, "submit", None)):
+    if executor is not None and not (callable(getattr(executor, "submit", None)) or
+                                     callable(getattr(executor, "apply_async", None))):
         raise ValueError("executor must have submit(fn, *args) returning a future (a "
-                         "concurrent.futures executor, or Dask's Client.get_executor())")
+                         "concurrent.futures executor, Dask's Client.get_executor()) or "
+                         "apply_async (a multiprocessing.Pool, Ray's "
+                         "ray.util.multiprocessing.Pool)")
     specs = list(candidate_plans(model, cluster, global_batch, **space))
     bar = None
     if progress:
