@@ -34,6 +34,7 @@ from labsim.quantization import decode_cost, decode_step_time, int8_decode_speed
 from labsim.roofline import Roofline, attainable_flops, fraction_of_peak, op_time, ridge_point
 from labsim.sim.collectives import simulate_collective
 from labsim.sim.loading import LoaderResult, simulate_dataloader
+from labsim.sim.plan import PlanSearch, RankedPlan, plan_search
 from labsim.sim.quantization import DecodeResult, simulate_decode_step
 from labsim.sim.step import simulate_step
 from labsim.step import StepResult, estimate_step

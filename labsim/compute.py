@@ -271,3 +271,63 @@ def optimizer_time(params: float, gpu: GPU, optimizer: str = "adam",
     16-bit copy (14 B): 30 B/param; SGD with momentum 18 B; plain SGD 14 B."""
     per_param = {"adam": 30, "sgd-momentum": 18, "sgd": 14}[optimizer]
     return memory_time(params * per_param, gpu, sustained)
+
+
+KINDS = ("matmul", "attention", "elementwise", "optimizer")
+
+
+def kind_seconds(model: Transformer, micro_batch: int, gpu: GPU, *,
+                 attention: str = "standard", precision: str | Precision = "fp32",
+                 optimizer: str = "adam", sustained: float | None = None) -> dict[str, float]:
+    """Seconds of one training step of ``model`` on one GPU (no parallelism), by the kinds of
+    op a profiler sorts kernels into (``KINDS``, as ``labsim.experiments.profile`` does):
+    the layers' and the logits' GEMMs forward and backward (``matmul``), the attention core
+    (``attention``: FlashAttention, or the score GEMMs plus softmax and dropout), the
+    memory-bound kernels and the cross-entropy (``elementwise``) and the optimizer step.
+    The same costs as ``layer_cost`` / ``logits_cost`` / ``optimizer_time``, re-cut by kind."""
+    full = layer_cost(model, micro_batch, gpu, attention=attention, precision=precision,
+                      sustained=sustained)
+    gemm_dtype = training_precision(precision).peak_dtype(gpu)
+    e = training_precision(precision).activation_bytes
+    matmul = 0.0
+    for g in model.layer_gemms(micro_batch, 1):
+        if g.name in ("attn_scores", "attn_values"):
+            continue
+        matmul += (gemm_time(g.m, g.n, g.k, gpu, gemm_dtype, bytes_per_element=e,
+                             sustained=sustained)
+                   + gemm_time(g.m, g.k, g.n, gpu, gemm_dtype, bytes_per_element=e,
+                               sustained=sustained)
+                   + gemm_time(g.k, g.n, g.m, gpu, gemm_dtype, bytes_per_element=e,
+                               sustained=sustained))
+    h, f = model.hidden, model.ffn_hidden
+    tokens = micro_batch * model.seq_len
+    per_h = 2 * (2 * e) + 2 * (3 * e + 1)
+    elem = tokens * h * per_h + tokens * f * (3 if model.swiglu else 2) * e
+    elementwise = memory_time(elem, gpu, sustained) + memory_time(2 * elem, gpu, sustained)
+    layer_total = full.forward.time_s + full.backward.time_s
+    attention_s = max(0.0, layer_total - matmul - elementwise)  # what the layer adds: the core
+    head_f, head_b = logits_cost(model, micro_batch, gpu, precision=precision,
+                                 sustained=sustained)
+    g = model.head_gemm(micro_batch, 1)
+    ce = 2 * memory_time(g.m * g.n * (e + 4), gpu, sustained)
+    layers = model.layers
+    return {"matmul": layers * matmul + head_f.time_s + head_b.time_s - ce,
+            "attention": layers * attention_s,
+            "elementwise": layers * elementwise + ce,
+            "optimizer": optimizer_time(model.params, gpu, optimizer, sustained)}
+
+
+def softmax_seconds(model: Transformer, micro_batch: int, gpu: GPU, *,
+                    precision: str | Precision = "bf16",
+                    sustained: float | None = None) -> float:
+    """Seconds of one step's memory-bound part of *standard* attention (the fused softmax
+    and the dropout over the ``s x s`` scores, forward and backward, every layer): the part
+    of ``kind_seconds(..., attention="standard")["attention"]`` that FlashAttention removes
+    by never writing the scores to HBM."""
+    prec = training_precision(precision)
+    e = prec.activation_bytes
+    qk = {g.name: g for g in model.layer_gemms(micro_batch, 1)}["attn_scores"]
+    scores = qk.batch * model.seq_len * model.seq_len
+    per_layer = (memory_time(scores * (2 * e + 2 * e + 1), gpu, sustained)
+                 + memory_time(scores * (2 * e + 1 + 3 * e), gpu, sustained))
+    return model.layers * per_layer

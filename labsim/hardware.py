@@ -61,6 +61,8 @@ class GPU:
     sram_bytes: float = 0.0  # on-chip shared memory + L1 per SM, summed over SMs
     notes: str = ""
     compute_capability: float | None = None  # SM version (8.0 A100, 9.0 H100); None: not NVIDIA
+    tdp_W: float | None = None  # board power limit (TDP / TBP), watts; the cost model's draw
+    tdp_source: str = ""
 
     def __post_init__(self) -> None:
         unknown = set(self.peak_flops) - set(DTYPES)
@@ -74,6 +76,8 @@ class GPU:
                         self.memory_bytes)
         _check_positive(f"GPU {self.name}: memory size and bandwidth must be > 0; "
                         "memory_bandwidth_Bps", self.memory_bandwidth_Bps)
+        if self.tdp_W is not None:
+            _check_positive(f"GPU {self.name}: tdp_W (board power in watts)", self.tdp_W)
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
 
     def __hash__(self) -> int:  # peak_flops is a read-only mapping: hash the rest
@@ -165,6 +169,8 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA V100 datasheet (SXM2): 125 TFLOPS tensor FP16, 15.7 FP32, 900 GB/s HBM2",
         sram_bytes=80 * 128e3,
         compute_capability=7.0,
+        tdp_W=300,
+        tdp_source="NVIDIA Tesla V100 datasheet: max power consumption 300 W (SXM2; PCIe 250 W)",
     ),
     GPU(
         "A100-40GB",
@@ -182,6 +188,9 @@ _GPUS: tuple[GPU, ...] = (
         "1,555 GB/s HBM2",
         sram_bytes=108 * 192e3,
         compute_capability=8.0,
+        tdp_W=400,
+        tdp_source="NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): max TDP "
+                   "400 W (SXM4; PCIe 250-300 W)",
     ),
     GPU(
         "A100-80GB",
@@ -199,6 +208,9 @@ _GPUS: tuple[GPU, ...] = (
         "2,039 GB/s HBM2e",
         sram_bytes=108 * 192e3,
         compute_capability=8.0,
+        tdp_W=400,
+        tdp_source="NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): max TDP "
+                   "400 W (SXM4 80GB)",
     ),
     GPU(
         "H100-SXM",
@@ -217,6 +229,8 @@ _GPUS: tuple[GPU, ...] = (
         "3.35 TB/s HBM3",
         sram_bytes=132 * 256e3,
         compute_capability=9.0,
+        tdp_W=700,
+        tdp_source="NVIDIA H100 datasheet: max TDP up to 700 W, configurable (SXM5)",
     ),
     GPU(
         "H100-PCIe",
@@ -234,6 +248,8 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA H100 datasheet (PCIe): BF16 1,513 TFLOPS with sparsity = 756 dense, 2 TB/s HBM2e",
         sram_bytes=114 * 256e3,
         compute_capability=9.0,
+        tdp_W=350,
+        tdp_source="NVIDIA H100 PCIe product brief PB-11133-001_v02: maximum TDP 350 W",
     ),
     GPU(
         "H200",
@@ -251,6 +267,8 @@ _GPUS: tuple[GPU, ...] = (
         "NVIDIA H200 datasheet (SXM): same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s",
         sram_bytes=132 * 256e3,
         compute_capability=9.0,
+        tdp_W=700,
+        tdp_source="NVIDIA H200 datasheet: max TDP up to 700 W, configurable (SXM)",
     ),
     GPU(
         "MI250X",
@@ -266,6 +284,9 @@ _GPUS: tuple[GPU, ...] = (
         "AMD Instinct MI250X datasheet: 383 TFLOPS FP16/BF16 matrix, 47.9 TFLOPS FP32 vector "
         "(95.7 FP32 *matrix*), 128 GB HBM2e, 3.2768 TB/s",
         notes="fp32 is the vector rate; the 95.7 TFLOP/s figure is the FP32 matrix-core rate",
+        tdp_W=560,
+        tdp_source="AMD Instinct MI250X data sheet: total board power 500 W, 560 W peak (OAM); "
+                   "the peak is used",
     ),
     GPU(
         "RTX-4090",
@@ -284,6 +305,8 @@ _GPUS: tuple[GPU, ...] = (
         "1,008 GB/s",
         sram_bytes=128 * 128e3,
         compute_capability=8.9,
+        tdp_W=450,
+        tdp_source="NVIDIA GeForce RTX 4090 specifications: total graphics power 450 W",
     ),
     GPU(
         "A6000",
@@ -300,6 +323,8 @@ _GPUS: tuple[GPU, ...] = (
         "154.8 dense FP16/BF16, 48 GB GDDR6, 768 GB/s",
         sram_bytes=84 * 128e3,
         compute_capability=8.6,
+        tdp_W=300,
+        tdp_source="NVIDIA RTX A6000 datasheet: max power consumption 300 W",
     ),
 )
 

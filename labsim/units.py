@@ -8,6 +8,7 @@ formatters always say which.
 
 from __future__ import annotations
 
+import math
 import re
 
 KB = 1e3
@@ -69,6 +70,23 @@ def fmt_time(seconds: float, digits: int = 3) -> str:
     if s >= 1e-6:
         return f"{seconds * 1e6:.{digits}g} µs"
     return f"{seconds * 1e9:.{digits}g} ns"
+
+
+def fmt_usd(dollars: float, digits: int = 3) -> str:
+    """US dollars to ``digits`` significant figures with thousands separators:
+    ``fmt_usd(23594.4) == '$23,600'``, ``fmt_usd(4.096) == '$4.10'``."""
+    if dollars == 0:
+        return "$0"
+    sign = "-" if dollars < 0 else ""
+    x = abs(dollars)
+    exponent = math.floor(math.log10(x))
+    decimals = max(0, digits - 1 - exponent)
+    return f"{sign}${round(x, digits - 1 - exponent):,.{decimals}f}"
+
+
+def fmt_energy(joules: float, digits: int = 3) -> str:
+    """Energy in watt-hours with an SI prefix: ``fmt_energy(3.6e9) == '1 MWh'``."""
+    return _scaled(joules / 3600.0, "Wh", digits)
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")

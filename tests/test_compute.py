@@ -91,3 +91,35 @@ def test_logits_cost():
     f, b = compute.logits_cost(GPT, 2, A100, tp=2)
     assert f.flops == pytest.approx(2 * 2 * 2048 * 2048 * 50304 / 2)
     assert b.flops == pytest.approx(2 * f.flops)
+
+
+def test_kind_seconds_recut_the_same_step() -> None:
+    """By kind, the step's compute is the layers' passes, the head and the optimizer; the
+    attention core is what FlashAttention shortens, and nothing else moves."""
+    from labsim.compute import KINDS, kind_seconds, layer_cost, logits_cost, optimizer_time
+
+    model = Transformer.preset("gpt2-124m")
+    g = gpu("A100-80GB")
+    for attention in ("standard", "flash"):
+        kinds = kind_seconds(model, 4, g, attention=attention, precision="bf16")
+        assert set(kinds) == set(KINDS) and all(v > 0 for v in kinds.values())
+        layer = layer_cost(model, 4, g, attention=attention, precision="bf16")
+        head_f, head_b = logits_cost(model, 4, g, precision="bf16")
+        total = (model.layers * (layer.forward.time_s + layer.backward.time_s)
+                 + head_f.time_s + head_b.time_s + optimizer_time(model.params, g))
+        assert sum(kinds.values()) == pytest.approx(total, rel=1e-12)
+    std = kind_seconds(model, 4, g, attention="standard", precision="bf16")
+    fa = kind_seconds(model, 4, g, attention="flash", precision="bf16")
+    assert fa["attention"] < std["attention"] / 2
+    assert {k: fa[k] for k in KINDS if k != "attention"} == pytest.approx(
+        {k: std[k] for k in KINDS if k != "attention"})
+
+
+def test_softmax_seconds_is_part_of_standard_attention() -> None:
+    from labsim.compute import kind_seconds, softmax_seconds
+
+    long = Transformer(layers=4, hidden=512, heads=8, seq_len=8192, vocab=1000)
+    g = gpu("H100-SXM")
+    soft = softmax_seconds(long, 1, g)
+    core = kind_seconds(long, 1, g, attention="standard", precision="bf16")["attention"]
+    assert 0.5 * core < soft < core  # at 8192 tokens the scores' traffic dominates the core

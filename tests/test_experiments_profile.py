@@ -43,3 +43,18 @@ def test_a_gpt_step_profile_sees_every_kind(tmp_path) -> None:
     path = prof.to_chrome(tmp_path / "step.json")
     events = json.loads(path.read_text())["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)
+
+
+def test_this_device_as_a_gpu_and_the_comparison() -> None:
+    from labsim.compute import kind_seconds
+    from labsim.experiments.profile import compare_kinds, gpt_step, measured_device
+
+    here = measured_device("cpu", n=128, nbytes=4e6)
+    assert here.peak("fp32") > 1e8 and here.memory_bandwidth_Bps > 1e8
+    cfg = Transformer(layers=1, hidden=64, heads=2, seq_len=32, vocab=128)
+    prof = profile_step(gpt_step(cfg, 2))
+    rows = compare_kinds(prof, kind_seconds(cfg, 2, here, precision="fp32"))
+    assert [r["kind"] for r in rows] == list(KINDS)
+    assert abs(sum(r["measured_share"] for r in rows) - 1) < 1e-9
+    assert abs(sum(r["simulated_share"] for r in rows) - 1) < 1e-9
+    assert rows[-1]["simulated_s"] == 0  # the simulator has no framework time

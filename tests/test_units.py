@@ -43,3 +43,18 @@ def test_parse_bytes_errors(bad: str) -> None:
 def test_negative_number_rejected() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         parse_bytes(-1)
+
+
+@pytest.mark.parametrize("dollars, text", [(23594.4, "$23,600"), (4.09625, "$4.10"),
+                                           (2089104.9, "$2,090,000"), (0.4, "$0.400"),
+                                           (0, "$0"), (-12.5, "-$12.5"), (999.6, "$1,000")])
+def test_fmt_usd(dollars: float, text: str) -> None:
+    from labsim.units import fmt_usd
+
+    assert fmt_usd(dollars) == text
+
+
+def test_fmt_energy() -> None:
+    from labsim.units import fmt_energy
+
+    assert fmt_energy(3.6e9) == "1 MWh" and fmt_energy(3.6e6 * 70) == "70 kWh"

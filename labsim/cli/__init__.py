@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "grade": ("grade", "grade submitted notebooks of one lab: CSV of scores + feedback per "
                        "learner"),
     "hardware": ("hardware", "list the hardware catalog"),
+    "plan": ("plan", "rank the parallel plans of a training run (layout, memory, time, cost); "
+                     "table + CSV"),
     "release": ("release", "regenerate labs/ from solutions/ (--check: fail if stale)"),
     "simulate": ("step", "simulate one training step from a TOML/JSON config; print a summary"),
 }

@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.sources:
             print(f"    source: {g.source}")
+            if g.tdp_W is not None:
+                print(f"    power: {g.tdp_W:g} W; source: {g.tdp_source}")
     print()
     print(f"{'link':<10} {'kind':<7} {'per direction':>14} {'NCCL achieves':>14} "
           f"{'NCCL topology':>14} {'latency':>9}")

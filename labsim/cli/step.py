@@ -48,9 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the closed form (labsim.estimate_step) instead of the simulation")
 
 
-def load_config(path: str | Path) -> dict:
+def load_config(path: str | Path, tables: tuple[str, ...] = ("model", "cluster", "plan"),
+                optional: tuple[str, ...] = ()) -> dict:
     """Read a config file into a dict; ValueError naming the file if it is missing,
-    unreadable, too large, not UTF-8, unparsable or incomplete."""
+    unreadable, too large, not UTF-8, unparsable or incomplete (``tables`` required,
+    ``optional`` allowed beside them)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} not found")
@@ -65,13 +67,16 @@ def load_config(path: str | Path) -> dict:
         config = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: cannot parse: {exc}") from None
+    names = ", ".join(f"[{t}]" for t in tables)
     if not isinstance(config, dict):
-        raise ValueError(f"{path}: the top level must be a table of [model], [cluster], [plan]")
-    unknown = set(config) - {"model", "cluster", "plan"}
-    if unknown or not {"model", "cluster", "plan"} <= set(config):
-        raise ValueError(f"{path}: needs exactly the tables [model], [cluster] and [plan]"
+        raise ValueError(f"{path}: the top level must be a table of {names}")
+    unknown = set(config) - set(tables) - set(optional)
+    if unknown or not set(tables) <= set(config):
+        raise ValueError(f"{path}: needs the tables {names}"
+                         + (f" (optional: {', '.join(f'[{t}]' for t in optional)})"
+                            if optional else "")
                          + (f"; unknown: {sorted(unknown)}" if unknown else ""))
-    for key in ("model", "cluster", "plan"):
+    for key in (*tables, *(t for t in optional if t in config)):
         if not isinstance(config[key], dict):
             raise ValueError(f"{path}: [{key}] must be a table of keys, got "
                              f"{type(config[key]).__name__}")

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from labsim.hardware import GPU
 from labsim.lab.profile import quiet_profiler
+from labsim.workload import Transformer
 
 KINDS = ("matmul", "attention", "elementwise", "optimizer", "framework")
 _MATMUL = {"aten::mm", "aten::addmm", "aten::matmul", "aten::_scaled_mm", "aten::addmv",
@@ -118,3 +120,56 @@ def profile_step(step: Callable[[], Any], *, device: torch.device | str = "cpu",
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text(encoding="utf-8"))
     return StepProfile(seconds, step_s, str(device), trace)
+
+
+def measured_device(device: torch.device | str = "cpu", *, n: int = 512,
+                    nbytes: float = 32e6) -> GPU:
+    """This device as a labsim ``GPU``, so that the simulator can model a step on it: its
+    fp32 "peak" is the rate a ``n x n`` fp32 matmul reaches here and its memory bandwidth
+    that of a ``nbytes`` copy (read + write), both measured now (best of a few runs)."""
+    from labsim.experiments.precision import matmul_flops_per_s
+    from labsim.lab.device import time_fn
+
+    device = torch.device(device)
+    flops = matmul_flops_per_s(n, "fp32", device, max_seconds=1.0)
+    src = torch.ones(int(nbytes // 4), device=device)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), device=device, warmup=1, repeat=5, max_seconds=1.0)
+    total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+             else 16e9)
+    return GPU(f"this {device.type}", {"fp32": flops, "tf32": flops}, float(total),
+               2 * src.numel() * 4 / t.min_s,
+               f"measured here: {n}x{n} fp32 matmul, {nbytes / 1e6:.0f} MB copy")
+
+
+def gpt_step(cfg: Transformer, batch: int, *, device: torch.device | str = "cpu",
+             seed: int = 0) -> Callable[[], None]:
+    """One AdamW training step of the labs' GPT of shape ``cfg`` on a random batch of
+    ``batch`` sequences, as a function to profile."""
+    from labsim.lab.datasets import random_batch
+    from labsim.lab.models import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(cfg).to(device)
+    idx, targets = random_batch(cfg, batch, cfg.seq_len)
+    idx, targets = idx.to(device), targets.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def compare_kinds(real: StepProfile, simulated: dict[str, float]) -> list[dict[str, Any]]:
+    """Rows of (kind, measured seconds and share, simulated seconds and share) for the kinds
+    of ``KINDS``; the simulator has no ``framework`` kind (autograd, Python, the profiler)."""
+    sim_total = sum(simulated.values()) or 1.0
+    real_total = sum(real.seconds.values()) or 1.0
+    return [{"kind": k, "measured_s": real.seconds.get(k, 0.0),
+             "measured_share": real.seconds.get(k, 0.0) / real_total,
+             "simulated_s": simulated.get(k, 0.0),
+             "simulated_share": simulated.get(k, 0.0) / sim_total} for k in KINDS]

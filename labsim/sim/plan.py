@@ -2,16 +2,20 @@
 
 ``plan_search(model, cluster, global_batch)`` enumerates data x tensor x pipeline parallel
 degrees (dp tp pp = the cluster's GPUs), interleaving (virtual stages), micro-batch sizes,
-ZeRO stages, recomputation, sequence parallelism and the pipeline schedule; drops each plan that
-is invalid (``Plan`` / ``Plan.validate_for`` refuse it) or does not fit the GPU's memory,
-counting the reasons; estimates the rest with a fast step model (``estimator``, the closed-form
-``labsim.estimate_step`` where it exists, else ``simulate_step`` without a trace) and confirms
-the best ``confirm`` of them with ``simulate_step``.
+ZeRO stages, recomputation, sequence parallelism and tensor-parallel communication overlap;
+drops each plan that is invalid or does not fit the GPU's memory, counting the reasons
+(``REASONS``); estimates the rest with ``labsim.estimate_step`` (the closed form) and confirms
+the best ``confirm`` of them with ``simulate_step`` (the event simulation, contention
+included), re-ranking those by their simulated time.
 
-Estimating is embarrassingly parallel: plans are cut into chunks and evaluated on an executor —
-by default the standard library's process pool over the local cores; any
-``concurrent.futures.Executor`` works unchanged, including a distributed engine's (Dask's
-``Client.get_executor()``, Ray's ``ray.util.multiprocessing``-backed executors).
+Estimating is embarrassingly parallel: plans are cut into chunks and evaluated on an executor,
+by default the standard library's process pool over the local cores.  Any object with
+``submit(fn, *args)`` returning a future with ``result()`` works unchanged (a
+``concurrent.futures`` executor, Dask's ``Client.get_executor()``), and so does any with the
+``multiprocessing.Pool`` API's ``apply_async`` (the standard library's pool, Ray's
+``ray.util.multiprocessing.Pool``, which its documentation gives as a drop-in replacement);
+every argument a chunk needs pickles.  The ranking does not depend on the executor or on the
+order chunks finish in.
 
 The search space follows what Megatron-LM and its successors expose (Narayanan et al. 2021,
 section 3: tp inside a node, pp across nodes, dp over the rest; Korthikanti et al. 2022:
@@ -25,16 +29,35 @@ import concurrent.futures as cf
 import dataclasses
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from labsim.cluster import Cluster
 from labsim.plan import Plan
-from labsim.sim.step import StepResult, simulate_step
+from labsim.sim.step import simulate_step
+from labsim.software import profile
+from labsim.step import StepResult, estimate_step
 from labsim.workload import Transformer
 
 Estimator = Callable[[Transformer, Cluster, Plan], StepResult]
+
+#: Why a candidate is dropped (the keys of ``PlanSearch.dropped``).
+REASONS = {
+    "tp does not divide heads": "each TP rank needs whole attention heads",
+    "tp and kv_heads do not split evenly": "KV heads must be split or replicated evenly",
+    "pp x virtual stages does not divide layers": "every model chunk needs the same layers",
+    "dp x micro-batch does not divide the global batch": "whole micro-batches per replica",
+    "interleaved: micro-batches not a multiple of pp": "Megatron-LM's interleaving rule",
+    "ZeRO-2/3 with pipeline parallelism": "DeepSpeed's pipeline engine refuses it",
+    "does not fit in memory": "first stage's peak above the GPU's memory",
+}
+
+
+def layout_name(plan: Plan) -> str:
+    """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
+    return f"{plan.dp}x{plan.tp}x{plan.pp}" + (f" v{plan.virtual_stages}"
+                                               if plan.virtual_stages > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -46,28 +69,43 @@ class RankedPlan:
     simulated: StepResult | None = None
 
     @property
+    def result(self) -> StepResult:
+        """The simulated step where the plan was confirmed, else the estimate."""
+        return self.simulated or self.estimate
+
+    @property
     def step_time_s(self) -> float:
         """The simulated step time where the plan was confirmed, else the estimate's."""
-        return (self.simulated or self.estimate).step_time_s
+        return self.result.step_time_s
 
     @property
     def mfu(self) -> float:
-        return (self.simulated or self.estimate).mfu
+        """Model FLOPs utilisation of ``result`` (no recomputation counted)."""
+        return self.result.mfu
+
+    @property
+    def layout(self) -> str:
+        """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
+        return layout_name(self.plan)
 
     def row(self) -> dict[str, Any]:
         """The plan's fields and its figures, flat (one CSV row)."""
-        p, r = self.plan, self.simulated or self.estimate
-        return {**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)},
+        p, r = self.plan, self.result
+        fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+        if not isinstance(fields["software"], str):
+            fields["software"] = p.software.name  # type: ignore[union-attr]
+        return {**fields, "microbatches": p.microbatches,
                 "step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu,
                 "memory_bytes": r.peak_memory_bytes if r.memory is not None else None,
                 "bubble_fraction": r.bubble_fraction,
-                "simulated": self.simulated is not None}
+                "simulated": self.simulated is not None,
+                "estimated_step_time_s": self.estimate.step_time_s}
 
 
 @dataclass(frozen=True)
 class PlanSearch:
     """The outcome of ``plan_search``: the plans that fit, fastest first; how many plans were
-    looked at; and why the others were dropped (reason -> count)."""
+    looked at; and why the others were dropped (reason of ``REASONS`` -> count)."""
 
     ranked: tuple[RankedPlan, ...]
     considered: int
@@ -75,17 +113,19 @@ class PlanSearch:
 
     @property
     def best(self) -> RankedPlan:
+        """The fastest plan that fits (ValueError when none does)."""
         if not self.ranked:
-            raise ValueError("no plan fits: see .dropped for why each was refused")
+            raise ValueError("no plan fits: see .dropped for why each was refused; use more "
+                             "GPUs, a smaller micro-batch, recompute='full' or ZeRO")
         return self.ranked[0]
 
     def rows(self) -> list[dict[str, Any]]:
+        """Every ranked plan as one flat row (``RankedPlan.row``), fastest first."""
         return [r.row() for r in self.ranked]
 
     def __repr__(self) -> str:
-        best = (f"best {self.best.plan.dp}x{self.best.plan.tp}x{self.best.plan.pp} "
-                f"{self.best.step_time_s:.4g} s, MFU {self.best.mfu:.1%}"
-                if self.ranked else "no plan fits")
+        best = (f"best {self.best.layout} {self.best.step_time_s:.4g} s, MFU "
+                f"{self.best.mfu:.1%}" if self.ranked else "no plan fits")
         return (f"PlanSearch({self.considered} plans, {len(self.ranked)} fit; {best}; dropped "
                 + ", ".join(f"{k}: {v}" for k, v in sorted(self.dropped.items())) + ")")
 
@@ -99,35 +139,63 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                     max_virtual_stages: int = 4,
                     zero_stages: Sequence[int] = (0, 1, 2, 3),
                     recompute: Sequence[str] = ("none", "selective", "full"),
+                    sequence_parallel: Sequence[bool] = (False, True),
+                    tp_comm_overlap: Sequence[bool] | None = None,
+                    tp_max: int | None = None,
                     precision: str = "bf16", **fixed: Any) -> Iterator[dict[str, Any]]:
     """Every combination of plan fields the search looks at (as ``Plan`` keyword arguments;
-    ``fixed`` fields are passed to every plan unchanged)."""
+    ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
+    Sequence parallelism and TP overlap are varied only where tp > 1; TP overlap by default
+    only where the software profile can hide TP communication (``tp_overlap_hidden`` > 0:
+    Megatron-Core with Transformer Engine); ``tp_max`` caps tp (e.g. at a node's GPUs)."""
+    if tp_comm_overlap is None:
+        hides = profile(fixed.get("software", "generic")).tp_overlap_hidden > 0
+        tp_comm_overlap = (False, True) if hides else (False,)
     gpus = cluster.world_size
     for tp in _divisors(gpus):
+        if tp_max is not None and tp > tp_max:
+            continue
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
             virtual = [1] + [v for v in range(2, max_virtual_stages + 1) if pp > 1]
+            sps = sequence_parallel if tp > 1 else (False,)
+            overlaps = tp_comm_overlap if tp > 1 else (False,)
             for v in virtual:
-                schedules = ["interleaved"] if v > 1 else (["1f1b"] if pp > 1 else ["1f1b"])
                 for mb in micro_batches:
                     for zero in zero_stages:
                         for rc in recompute:
-                            for sp in ([False, True] if tp > 1 else [False]):
-                                for schedule in schedules:
+                            for sp in sps:
+                                for ov in overlaps:
                                     yield dict(dp=dp, tp=tp, pp=pp, virtual_stages=v,
-                                               schedule=schedule, micro_batch=mb,
-                                               global_batch=global_batch, zero_stage=zero,
-                                               recompute=rc, sequence_parallel=sp,
+                                               schedule="interleaved" if v > 1 else "1f1b",
+                                               micro_batch=mb, global_batch=global_batch,
+                                               zero_stage=zero, recompute=rc,
+                                               sequence_parallel=sp, tp_comm_overlap=ov,
                                                precision=precision, **fixed)
 
 
-def _reason(exc: ValueError) -> str:
-    text = str(exc)
-    for key in ("divisible", "divide", "heads", "layers", "interleaved", "zero_stage",
-                "sequence_parallel", "global_batch"):
-        if key in text:
-            return f"invalid: {key}"
-    return "invalid: other"
+def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
+    """Why the plan ``spec`` (``Plan`` keyword arguments) is invalid for ``model`` (a key of
+    ``REASONS``), or None: the structural rules ``Plan`` and ``Plan.validate_for`` enforce,
+    tested before building the plan so that each refusal is counted under its own reason."""
+    tp, pp = spec.get("tp", 1), spec.get("pp", 1)
+    v, dp, mb = spec.get("virtual_stages", 1), spec.get("dp", 1), spec.get("micro_batch", 1)
+    heads = model.heads
+    kv = model.kv_heads or heads
+    if heads % tp:
+        return "tp does not divide heads"
+    if kv % tp and tp % kv:
+        return "tp and kv_heads do not split evenly"
+    if model.layers % (pp * v):
+        return "pp x virtual stages does not divide layers"
+    gb = spec.get("global_batch") or dp * mb
+    if gb % (dp * mb):
+        return "dp x micro-batch does not divide the global batch"
+    if v > 1 and (gb // (dp * mb)) % pp:
+        return "interleaved: micro-batches not a multiple of pp"
+    if spec.get("zero_stage", 0) >= 2 and pp > 1:
+        return "ZeRO-2/3 with pipeline parallelism"
+    return None
 
 
 def _evaluate(model: Transformer, cluster: Cluster, specs: Sequence[dict[str, Any]],
@@ -137,87 +205,184 @@ def _evaluate(model: Transformer, cluster: Cluster, specs: Sequence[dict[str, An
     dropped: Counter = Counter()
     gpu_bytes = cluster.gpu.memory_bytes
     for spec in specs:
-        try:
-            plan = Plan(**spec)
-            plan.validate_for(model, cluster.world_size)
-        except ValueError as exc:
-            dropped[_reason(exc)] += 1
+        why = refusal(spec, model)
+        if why is not None:
+            dropped[why] += 1
             continue
+        plan = Plan(**spec)  # anything else wrong is the caller's fixed fields: let it raise
+        plan.validate_for(model, cluster.world_size)
         result = estimator(model, cluster, plan)
         if result.memory is not None and result.memory.total > gpu_bytes:
             dropped["does not fit in memory"] += 1
             continue
-        fits.append((plan, result))
+        # only the figures travel back: the costs and span source are large to pickle
+        fits.append((plan, dataclasses.replace(result, costs=None, span_source=None)))
     return fits, dropped
 
 
-def _default_estimator() -> Estimator:
-    import labsim
-
-    return getattr(labsim, "estimate_step", _simulate_fast)
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _simulate_fast(model: Transformer, cluster: Cluster, plan: Plan) -> StepResult:
-    return simulate_step(model, cluster, plan)
+def _run_chunks(parts: list, work: Callable, executor: Any, workers: int | None,
+                bar: Any) -> list[tuple[list, Counter]]:
+    """Each part's outcome, in the parts' order, on ``executor`` (or a local process pool)."""
+    n = workers or os.cpu_count() or 1
+    if executor is None and n == 1:
+        out = []
+        for p in parts:
+            out.append(work(p))
+            _tick(bar, out[-1])
+        return out
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        # the multiprocessing.Pool API: Ray's ray.util.multiprocessing.Pool is a drop-in one
+        pending = [executor.apply_async(work, (p,)) for p in parts]
+        out = []
+        for r in pending:
+            out.append(r.get())
+            _tick(bar, out[-1])
+        return out
+    pool = cf.ProcessPoolExecutor(n) if executor is None else executor
+    try:
+        futures = [pool.submit(work, p) for p in parts]
+        index = {id(f): i for i, f in enumerate(futures)}
+        outcomes: list = [None] * len(futures)
+        done = (cf.as_completed(futures) if all(isinstance(f, cf.Future) for f in futures)
+                else futures)
+        for f in done:
+            outcomes[index[id(f)]] = f.result()
+            _tick(bar, outcomes[index[id(f)]])
+        return outcomes
+    finally:
+        if executor is None:
+            pool.shutdown()
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
+def _tick(bar: Any, outcome: tuple[list, Counter]) -> None:
+    if bar is not None:
+        bar.update(len(outcome[0]) + sum(outcome[1].values()))
+
+
+class _Work:
+    """A picklable ``part -> _evaluate(model, cluster, part, estimator)``."""
+
+    def __init__(self, model: Transformer, cluster: Cluster, estimator: Estimator) -> None:
+        self.model, self.cluster, self.estimator = model, cluster, estimator
+
+    def __call__(self, part: Sequence[dict[str, Any]]) -> tuple[list, Counter]:
+        return _evaluate(self.model, self.cluster, part, self.estimator)
 
 
 def plan_search(model: Transformer, cluster: Cluster, global_batch: int, *,
                 confirm: int = 5, estimator: Estimator | None = None,
-                executor: cf.Executor | None = None, workers: int | None = None,
-                chunk: int = 256, progress: bool = False,
+                executor: Any = None, workers: int | None = None,
+                chunk: int = 500, progress: bool | str = False,
                 **space: Any) -> PlanSearch:
     """Rank every valid plan of ``model`` on ``cluster`` for ``global_batch`` sequences that
-    fits in memory, by estimated step time; confirm the best ``confirm`` with
-    ``simulate_step``.  ``space`` narrows or fixes the search (``candidate_plans``'
-    arguments: ``micro_batches=(1, 2)``, ``zero_stages=(0,)``, ``attention="standard"``...).
+    fits in memory, by estimated step time (``labsim.estimate_step``); confirm the best
+    ``confirm`` with ``simulate_step`` and re-rank those by the simulated time.  ``space``
+    narrows or fixes the search (``candidate_plans``' arguments: ``micro_batches=(1, 2)``,
+    ``zero_stages=(0,)``, ``software="megatron-lm-2021"``...).
 
     ``executor``: where chunks of ``chunk`` plans are estimated (default: a process pool of
-    ``workers`` processes, all local cores; ``workers=1`` estimates in this process).
-    ``progress`` shows a bar of chunks done.
+    ``workers`` processes, all local cores; ``workers=1`` estimates in this process; or any
+    object whose ``submit(fn, arg)`` returns a future with ``result()``, e.g. Dask's
+    ``Client.get_executor()``, or with ``apply_async``, e.g. Ray's multiprocessing pool).
+    ``progress`` shows a bar of plans done (a string labels it).
     """
     if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
         raise ValueError(f"global_batch={global_batch!r}: must be a positive whole number of "
                          f"sequences")
-    if not isinstance(confirm, int) or confirm < 0:
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise ValueError(f"confirm={confirm!r}: must be a whole number >= 0")
-    estimator = estimator or _default_estimator()
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk={chunk!r}: must be a whole number of plans >= 1")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise ValueError(f"workers={workers!r}: must be a whole number >= 1 (or None: all "
+                         "cores)")
+    if executor is not None and not (callable(getattr(executor, "submit", None)) or
+                                     callable(getattr(executor, "apply_async", None))):
+        raise ValueError("executor must have submit(fn, *args) returning a future (a "
+                         "concurrent.futures executor, Dask's Client.get_executor()) or "
+                         "apply_async (a multiprocessing.Pool, Ray's "
+                         "ray.util.multiprocessing.Pool)")
     specs = list(candidate_plans(model, cluster, global_batch, **space))
-    parts = list(_chunks(specs, max(1, chunk)))
-    fits: list[tuple[Plan, StepResult]] = []
-    dropped: Counter = Counter()
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(specs), desc="plans", unit="plan")
-    own_pool = executor is None and (workers or os.cpu_count() or 1) > 1
-    pool = cf.ProcessPoolExecutor(workers or os.cpu_count()) if own_pool else executor
+        bar = tqdm(total=len(specs), unit="plan",
+                   desc=progress if isinstance(progress, str) else "plans")
     try:
-        if pool is None:
-            outcomes: Iterable[tuple[list, Counter]] = (
-                _evaluate(model, cluster, p, estimator) for p in parts)
-        else:
-            futures = [pool.submit(_evaluate, model, cluster, p, estimator) for p in parts]
-            outcomes = (f.result() for f in cf.as_completed(futures))
-        for good, bad in outcomes:
-            fits += good
-            dropped += bad
-            if bar is not None:
-                bar.update(len(good) + sum(bad.values()))
+        work = _Work(model, cluster, estimator or estimate_step)
+        outcomes = _run_chunks(_chunks(specs, chunk), work, executor, workers, bar)
     finally:
-        if own_pool:
-            pool.shutdown()
         if bar is not None:
             bar.close()
-    fits.sort(key=lambda pr: (pr[1].step_time_s, pr[0].gpus))
-    ranked = [RankedPlan(p, r) for p, r in fits]
+    fits: list[tuple[Plan, StepResult]] = []
+    dropped: Counter = Counter()
+    for good, bad in outcomes:
+        fits += good
+        dropped += bad
+    order = sorted(range(len(fits)), key=lambda i: (fits[i][1].step_time_s, i))
+    ranked = [RankedPlan(*fits[i]) for i in order]
     for i in range(min(confirm, len(ranked))):
-        p = ranked[i].plan
-        ranked[i] = dataclasses.replace(ranked[i], simulated=simulate_step(model, cluster, p))
+        plan = ranked[i].plan
+        ranked[i] = dataclasses.replace(ranked[i],
+                                        simulated=simulate_step(model, cluster, plan))
     ranked[:confirm] = sorted(ranked[:confirm], key=lambda r: r.step_time_s)
     return PlanSearch(tuple(ranked), len(specs), dict(dropped))
+
+
+#: The fields of a published run's plan the search varies; the rest stay as published.
+LAYOUT_FIELDS = ("dp", "tp", "pp", "virtual_stages", "schedule")
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    """A published run's layout beside the planner's choice on the same model, GPUs, batch
+    and settings: ``rank`` is the published layout's place in the planner's ranking (0 =
+    the planner's best; None: the planner drops it, e.g. as not fitting)."""
+
+    run_id: str
+    published: str
+    search: PlanSearch
+    rank: int | None
+
+    @property
+    def best(self) -> str:
+        return self.search.best.layout
+
+    @property
+    def agrees(self) -> bool:
+        return self.rank == 0
+
+    def slowdown(self) -> float | None:
+        """The published layout's step time over the planner's best, minus 1."""
+        if self.rank is None:
+            return None
+        return self.search.ranked[self.rank].step_time_s / self.search.best.step_time_s - 1
+
+
+def check_layout(run: Any, *, max_virtual_stages: int | None = None, confirm: int = 3,
+                 workers: int | None = None, **space: Any) -> LayoutCheck:
+    """Search the layouts (``LAYOUT_FIELDS``) of a published run (``labsim.published.Run``)
+    with every other setting as published (micro-batch, ZeRO stage, recompute, sequence
+    parallelism, precision, software), and place the published layout in the ranking."""
+    spec = dict(run.plan_spec)
+    fixed = {k: v for k, v in spec.items() if k not in LAYOUT_FIELDS + (
+        "micro_batch", "global_batch", "zero_stage", "recompute", "sequence_parallel",
+        "tp_comm_overlap")}
+    v = spec.get("virtual_stages", 1)
+    search = plan_search(
+        run.model, run.cluster, spec["global_batch"], confirm=confirm, workers=workers,
+        micro_batches=(spec.get("micro_batch", 1),), zero_stages=(spec.get("zero_stage", 0),),
+        recompute=(spec.get("recompute", "none"),),
+        sequence_parallel=(spec.get("sequence_parallel", False),),
+        max_virtual_stages=max_virtual_stages or max(4, v), **{**fixed, **space})
+    p = run.plan
+    key = (p.dp, p.tp, p.pp, p.virtual_stages)
+    rank = next((i for i, r in enumerate(search.ranked)
+                 if (r.plan.dp, r.plan.tp, r.plan.pp, r.plan.virtual_stages) == key), None)
+    return LayoutCheck(run.id, layout_name(p), search, rank)
