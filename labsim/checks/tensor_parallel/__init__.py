@@ -24,29 +24,20 @@ the learner to the method (Shoeybi et al. 2019, Korthikanti et al. 2022):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome
+from labsim.checks._core import Case, Outcome, Spec, close
+from labsim.checks.tensor_parallel.driver import driver, pick, sizes_of
 from labsim.checks.tensor_parallel.reference import (
     ATTENTION_SPECS,
     CE_SPECS,
     MLP_SPECS,
     SP_SPECS,
-    TPRun,
-    attention_part,
-    attention_whole,
-    job_call,
-    job_inputs,
-    mlp_part,
-    mlp_whole,
-    record,
     serial_flops,
     serial_job,
-    sp_part,
-    sp_whole,
 )
 from labsim.checks.tensor_parallel.reference import Spec as Sizes
 
@@ -56,13 +47,6 @@ FORBID = ("labsim.parallel.tensor_parallel:*",)
 OPERATOR_NUMEL = 3 * 2 * 4  # reference.operator_inputs
 SP_OPERATOR_NUMEL = 2 * NPROCS * 3 * 4  # reference.sp_operator_inputs, the whole tensor
 FLOPS_SLACK = 1.05
-
-Job = tuple[str, tuple]
-
-
-def _sizes(raw: Sequence[Any]) -> Sizes | None:
-    return Sizes(*raw) if raw else None
-
 
 def _case(name: str, kind: str, sizes: Sizes | None, what: str,
           compare: Callable[[Any, Any], str | None] | None = None) -> Case:
@@ -82,16 +66,6 @@ def _plain_sizes(sizes: Sizes | None) -> tuple:
     return dataclasses.astuple(sizes) if sizes is not None else ()
 
 
-def pick(out: Any, grads: Mapping[str, Any], what: str) -> Any:
-    """What a case compares of one rank's run: its output, the named gradients, or both."""
-    if what == "out":
-        return out
-    if what == "all":
-        return [out, [grads.get(k) for k in grads]]
-    names = what.split(":", 1)[1].split(",")
-    return [grads.get(n) for n in names]
-
-
 def _summed(inner: Callable[[Any, Any], str | None]) -> Callable[[Any, Any], str | None]:
     """Compare the ranks' gradients summed over ranks with the serial ones."""
     def compare(got: Any, expected: Any) -> str | None:
@@ -102,96 +76,6 @@ def _summed(inner: Callable[[Any, Any], str | None]) -> Callable[[Any, Any], str
             return "a gradient is missing (None) on some rank"
         return inner([sum(r[i] for r in got) for i in range(len(expected))], expected)
     return compare
-
-
-# -- the driver ---------------------------------------------------------------------------------
-
-
-def _probe(kind: str, fn: Any) -> None:
-    """Call the exercise once without a process group: a stub raises NotImplementedError."""
-    if kind in ("f", "g", "gather", "scatter"):
-        fn.apply(torch.zeros(2, 1, requires_grad=True))
-    elif kind == "mlp":
-        fn(*mlp_part(mlp_whole(MLP_SPECS[1]), 0, 1).values())
-    elif kind == "attention":
-        spec = ATTENTION_SPECS[1]
-        fn(*attention_part(attention_whole(spec), 0, 1).values(), spec.hidden // spec.heads)
-    elif kind == "sp":
-        fn(*sp_part(sp_whole(SP_SPECS[1]), 0, 1).values())
-    elif kind == "ce":
-        fn.apply(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 0)
-
-
-def tp_worker(rank: int, world: int, fns: Sequence[Any], roles: Mapping[str, int],
-              jobs: Sequence[Job], forbid: Sequence[str] = ()) -> list[dict | Outcome]:
-    """Every job on this rank: the learner's function (``fns[roles[kind]]``) on this rank's
-    inputs, back-propagated, recorded as plain data (or the error it raised, as an
-    ``Outcome``)."""
-    import torch.distributed as dist
-
-    out: list[dict | Outcome] = []
-    for kind, raw in jobs:
-        sizes = _sizes(raw)
-        inputs, upstream = job_inputs(kind, sizes, rank, world)
-        call = job_call(kind, sizes, rank, world, fns[roles[kind]])
-        try:
-            run = record(call, inputs, upstream, tuple(forbid))
-        except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
-            out.append(Outcome.of_error(exc))
-        else:
-            out.append(_plain_run(run))
-        dist.barrier()
-    return out
-
-
-def _plain_run(run: TPRun) -> dict:
-    return {"out": run.out, "grads": dict(run.grads),
-            "forward": [list(c) for c in run.forward],
-            "backward": [list(c) for c in run.backward],
-            "flops": int(run.flops), "references": list(run.references)}
-
-
-def _driver(roles: Mapping[str, int], timeout_s: float = 180.0) -> Callable[..., list[Outcome]]:
-    """A driver launching every job of a check's cases once, ``roles``: kind -> which of the
-    check's functions runs it."""
-    def drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcome]:
-        from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
-
-        for kind, i in roles.items():
-            try:
-                _probe(kind, fns[i])
-            except NotImplementedError as exc:
-                return [Outcome.of_error(exc)] * len(cases)
-            except Exception:  # noqa: BLE001, S110 - expected: no process group here
-                pass
-        jobs: list[Job] = []
-        for c in cases:
-            job = (str(c.args[0]), tuple(c.args[1]))
-            if job not in jobs:
-                jobs.append(job)
-        try:
-            ranks = launch(tp_worker, NPROCS, args=(list(fns), dict(roles), jobs, spec.forbid),
-                           timeout_s=timeout_s).values
-        except (LaunchTimeout, WorkerError) as exc:
-            return [Outcome.of_error(exc)] * len(cases)
-        references = sorted({ref for r in ranks for run in r if isinstance(run, dict)
-                             for ref in run["references"]})
-        outcomes = []
-        for c in cases:
-            k = jobs.index((str(c.args[0]), tuple(c.args[1])))
-            runs = [r[k] for r in ranks]
-            observed = {"ranks": [{key: run[key] for key in ("forward", "backward", "flops")}
-                                  for run in runs if isinstance(run, dict)],
-                        "references": references}
-            bad = next((run for run in runs if isinstance(run, Outcome)), None)
-            if bad is not None:
-                outcomes.append(Outcome(None, bad.error, bad.error_types, bad.message,
-                                        observed))
-            else:
-                outcomes.append(plain_outcome([pick(run["out"], run["grads"], str(c.args[2]))
-                                               for run in runs], observed))
-        return outcomes
-    return drive
 
 
 # -- rules --------------------------------------------------------------------------------------
@@ -238,7 +122,7 @@ RULES = {
 def comms_rule(case: Case, out: Outcome) -> str | None:
     """Each rank's collectives, forward and backward, are exactly those of the method."""
     kind, raw = str(case.args[0]), case.args[1]
-    want = expected_comms(kind, _sizes(raw))
+    want = expected_comms(kind, sizes_of(raw))
     if want is None:
         return None
     for rank, seen in enumerate(out.observed.get("ranks", [])):
@@ -298,7 +182,7 @@ def _mlp_cases() -> list[Case]:
             _case(f"{label[1]}: output and every gradient", "mlp", s1, "all")]
 
 
-parallel_mlp = Spec("parallel_mlp", _mlp_cases, drive=_driver({"f": 0, "g": 1, "mlp": 2}),
+parallel_mlp = Spec("parallel_mlp", _mlp_cases, drive=driver({"f": 0, "g": 1, "mlp": 2}, NPROCS),
                     compare=TOL, rules=(comms_rule, flops_rule), forbid=FORBID, functions=3,
                     ops=False)
 """``f`` and ``g``: Megatron's conjugate operators as ``torch.autograd.Function``s;
@@ -321,8 +205,8 @@ def _attention_cases() -> list[Case]:
 
 
 head_parallel_attention = Spec(
-    "head_parallel_attention", _attention_cases, drive=_driver({"attention": 0}), compare=TOL,
-    rules=(comms_rule, flops_rule), forbid=FORBID, ops=False)
+    "head_parallel_attention", _attention_cases, drive=driver({"attention": 0}, NPROCS),
+    compare=TOL, rules=(comms_rule, flops_rule), forbid=FORBID, ops=False)
 """``attention(x, w_qkv, b_qkv, w_o, b_o, head_dim)``: causal self-attention over this rank's
 heads (``w_qkv``: its block of the head-major fused QKV rows; ``w_o``: the matching columns
 of the output projection), equal on every rank to the whole layer, with one all-reduce
@@ -352,7 +236,7 @@ def _sp_cases() -> list[Case]:
 
 
 sequence_parallel = Spec(
-    "sequence_parallel", _sp_cases, drive=_driver({"gather": 0, "scatter": 1, "sp": 2}),
+    "sequence_parallel", _sp_cases, drive=driver({"gather": 0, "scatter": 1, "sp": 2}, NPROCS),
     compare=TOL, rules=(comms_rule, flops_rule), forbid=FORBID, functions=3, ops=False)
 """``gather``: all-gather of the sequence (dimension 0) forward, reduce-scatter backward;
 ``scatter``: reduce-scatter forward, all-gather backward;
@@ -377,7 +261,7 @@ def _ce_cases() -> list[Case]:
 
 
 vocab_parallel_cross_entropy = Spec(
-    "vocab_parallel_cross_entropy", _ce_cases, drive=_driver({"ce": 0}), compare=TOL,
+    "vocab_parallel_cross_entropy", _ce_cases, drive=driver({"ce": 0}, NPROCS), compare=TOL,
     rules=(ce_rule,), forbid=FORBID, ops=False)
 """``ce.apply(logits, target, vocab_start)``: per-token cross-entropy from this rank's
 ``(tokens, V / t)`` slice of the logits (vocabulary ids ``vocab_start ..``), equal to
