@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from labsim.parallel.data_parallel import lm_loss
 from labsim.checks.quantization.reference import Int8Linear
+from labsim.pipeline import Op
 """
 
 

@@ -1,5 +1,7 @@
-"""Shortcuts through the checks of labs 00-06 fail, naming the rule; each lab's own solution
-(from ``solutions/``) passes beside them.  (Labs 07-09 and 12: their own check tests.)"""
+"""Shortcuts through the checks of labs 00-06, 10 and 11 fail, naming the rule; each lab's own
+solution (from ``solutions/``) passes beside them.  (Labs 07-09 and 12: their own check tests;
+more shortcuts of labs 10 and 11 in ``test_checks_tensor_parallel`` and
+``test_checks_pipeline``.)"""
 
 from __future__ import annotations
 
@@ -149,3 +151,67 @@ def test_sdpa_hidden_from_torch_function_is_still_sdpa(name: str) -> None:
     with pytest.raises(CheckFailed, match="write the attention yourself") as info:
         getattr(check.attention, name)(hidden_sdpa)
     assert " 0/" in str(info.value)
+
+
+# -- lab 10: every head on every rank is not head-parallel -----------------------------------
+
+
+def every_head_everywhere(x, w_qkv, b_qkv, w_o, b_o, head_dim):  # noqa: ANN001, ANN201
+    """Right output, the wrong way: gather every head's weights and run the whole layer."""
+    def whole(t: torch.Tensor, dim: int) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, t.contiguous())
+        return torch.cat(parts, dim)
+
+    s, b, h = x.shape
+    qkv = torch.nn.functional.linear(x, whole(w_qkv, 0), whole(b_qkv, 0))
+    q, k, v = (t.permute(1, 2, 0, 3)
+               for t in qkv.reshape(s, b, h // head_dim, 3, head_dim).unbind(3))
+    heads = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.nn.functional.linear(heads.permute(2, 0, 1, 3).reshape(s, b, h),
+                                      whole(w_o, 1), b_o)
+
+
+@pytest.mark.multiprocess
+def test_lab_10_solutions_pass_and_every_head_everywhere_does_not(capsys) -> None:  # noqa: ANN001
+    s10 = exercises("10_tensor_parallel")
+    tp = check.tensor_parallel
+    tp.parallel_mlp(s10["CopyToTP"], s10["ReduceFromTP"], s10["tp_mlp"])
+    tp.head_parallel_attention(s10["tp_attention"])
+    tp.sequence_parallel(s10["GatherSequence"], s10["ScatterSequence"], s10["sp_mlp"])
+    tp.vocab_parallel_cross_entropy(s10["VocabParallelCE"])
+    assert capsys.readouterr().out.splitlines() == [
+        "PASS parallel_mlp: 8/8 cases passed", "PASS head_parallel_attention: 5/5 cases passed",
+        "PASS sequence_parallel: 10/10 cases passed",
+        "PASS vocab_parallel_cross_entropy: 6/6 cases passed"]
+    with pytest.raises(CheckFailed, match="(?s)0/5.*breaks a rule of this exercise") as info:
+        tp.head_parallel_attention(every_head_everywhere)
+    assert "all_gather" in str(info.value)
+
+
+# -- lab 11: GPipe over the chunks is not interleaved 1F1B ------------------------------------
+
+
+def gpipe_over_chunks(p, m, v):  # noqa: ANN001, ANN201
+    """Valid, and as fast on paper, but every (micro-batch, chunk) held at once."""
+    from labsim.pipeline import Op
+
+    fwd = [Op("F", i, c) for c in range(v) for i in range(m)]
+    bwd = [Op("B", i, c) for c in reversed(range(v)) for i in range(m)]
+    return tuple(tuple(fwd + bwd) for _ in range(p))
+
+
+@pytest.mark.multiprocess
+def test_lab_11_solutions_pass_and_gpipe_over_chunks_does_not(capsys) -> None:  # noqa: ANN001
+    s11 = exercises("11_pipeline_parallel")
+    pp = check.pipeline
+    pp.gpipe(s11["gpipe"])
+    pp.one_f_one_b(s11["one_f_one_b"])
+    pp.interleaved(s11["interleaved"])
+    pp.pipeline_step(s11["pipeline_step"])
+    assert capsys.readouterr().out.splitlines() == [
+        "PASS gpipe: 8/8 cases passed", "PASS one_f_one_b: 8/8 cases passed",
+        "PASS interleaved: 7/7 cases passed", "PASS pipeline_step: 9/9 cases passed"]
+    with pytest.raises(CheckFailed, match="(?s)0/7.*breaks a rule of this exercise: "
+                       "interleaved 1F1B holds no more"):
+        pp.interleaved(gpipe_over_chunks)

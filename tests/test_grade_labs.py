@@ -109,6 +109,74 @@ ZERO_REPLICATED = '''class ShardedAdam:
                 p.grad /= dist.get_world_size()
         self.adam.step()
 '''
+TP_OPERATORS = '''class CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+'''
+TP_WHOLE_MLP = TP_OPERATORS + '''
+
+def _whole(t, dim):
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts, dim)
+
+
+def tp_mlp(x, w_up, b_up, w_down, b_down):
+    return F.linear(F.gelu(F.linear(x, _whole(w_up, 0), _whole(b_up, 0))),
+                    _whole(w_down, 1), b_down)
+'''
+TP_REFERENCE = '''from labsim.parallel.tensor_parallel import CopyToParallel, ReduceFromParallel
+
+
+class CopyToTP(CopyToParallel):
+    pass
+
+
+class ReduceFromTP(ReduceFromParallel):
+    pass
+
+
+def tp_mlp(x, w_up, b_up, w_down, b_down):
+    hidden = F.gelu(F.linear(CopyToTP.apply(x), w_up, b_up))
+    return ReduceFromTP.apply(F.linear(hidden, w_down)) + b_down
+'''
+PP_REFERENCE = '''def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):
+    from labsim.parallel.pipeline import run_stage
+
+    return run_stage(stage, ops, rank=dist.get_rank(), world=dist.get_world_size(),
+                     inputs=inputs, targets=targets, loss_fn=loss_fn,
+                     activation_shape=shape, dtype=torch.float64)
+'''
+PP_ALLREDUCE = minilab.solution_source("11_pipeline_parallel", "pipeline_step").replace(
+    "def pipeline_step(", "def _step(", 1) + '''
+
+
+def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):
+    """The right numbers, plus an all-reduce so that every rank knows the loss."""
+    total = torch.tensor([_step(stage, ops, inputs, targets, loss_fn, shape)],
+                         dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total) if dist.get_rank() == dist.get_world_size() - 1 else 0.0
+'''
 
 # lab, exercises cut, the check column attacked, {attack: (exercise, source), ...}
 CORPUS = [
@@ -129,6 +197,11 @@ CORPUS = [
      {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)}),
     ("09_zero_fsdp", ["ShardedAdam"], "sharded_adam",
      {"replicated": ("ShardedAdam", ZERO_REPLICATED)}),
+    ("10_tensor_parallel", ["tp_mlp"], "parallel_mlp",
+     {"whole_mlp": ("tp_mlp", TP_WHOLE_MLP), "reference": ("tp_mlp", TP_REFERENCE)}),
+    ("11_pipeline_parallel", ["pipeline_step"], "pipeline_step",
+     {"reference": ("pipeline_step", PP_REFERENCE),
+      "allreduce": ("pipeline_step", PP_ALLREDUCE)}),
     ("12_int8_quantization", ["int8_matmul"], "int8_matmul",
      {"float64": ("int8_matmul", INT8_FLOAT)}),
 ]

@@ -1,8 +1,8 @@
 """Tensor-parallel studies over ``simulate_step``, and collective matmul as a simpy process.
 
 * ``layer_times``: one transformer layer on one GPU of a ``tp``-way group, compute and
-  blocking TP communication, forward and backward, read from a simulated step's trace (a
-  one-layer copy of the model with a tiny vocabulary, so nothing else is in the step).
+  blocking TP communication, forward and backward, from the costs a simulated step runs on
+  (a one-layer copy of the model with a tiny vocabulary, so nothing else is in the step).
 * ``tp_cluster``: ``tp`` GPUs of a cluster's kind in one node (NVLink), one per node (every
   ring hop crosses InfiniBand), or whole nodes (NVLink inside, InfiniBand between).
 * ``tp_scaling``: at a fixed model and micro-batch, the per-layer time at each TP degree,
@@ -29,6 +29,7 @@ from labsim.cluster import Cluster
 from labsim.memory import activation_memory
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
+from labsim.step import step_costs
 from labsim.tensor_parallel import collective_matmul_s, layer_gemm_flops
 from labsim.trace import Span, Trace
 from labsim.workload import Transformer
@@ -94,21 +95,23 @@ def layer_times(model: Transformer, cluster: Cluster, *, micro_batch: int = 1,
                 sequence_parallel: bool = False, precision: str = "bf16",
                 attention: str = "flash", where: str = "") -> LayerTimes:
     """One layer of ``model`` on every GPU of ``cluster`` as one TP group (tp = its GPUs),
-    from the trace of ``simulate_step``: forward/backward compute spans and the TP
-    communication spans after them."""
+    priced as ``simulate_step`` prices it (``labsim.step.step_costs`` of a one-layer copy of
+    the model with a tiny vocabulary): the layer's forward and backward compute (the output
+    layer's share removed), and its blocking TP collectives -- each at its time alone under
+    the NCCL model (``labsim.collectives``), times the collectives a pass issues (2 forward,
+    2 backward; reduce-scatter + all-gather with sequence parallelism).
+
+    The simulator runs an op's TP collectives as one flow after its compute, inside the op's
+    span, so a trace does not show them apart; the costs it runs from do."""
     tp = cluster.world_size
     one = dataclasses.replace(model, layers=1, vocab=8 * tp, name=f"{model.name} layer")
     plan = Plan(tp=tp, micro_batch=micro_batch, sequence_parallel=sequence_parallel,
                 precision=precision, attention=attention)
-    trace = simulate_step(one, cluster, plan, memory=False).trace
-    sums = {"forward": 0.0, "backward": 0.0, "F": 0.0, "B": 0.0}
-    for span in trace.filter(rank=0, stream="compute"):
-        if span.kind in ("forward", "backward", "recompute"):
-            sums["forward" if span.kind == "forward" else "backward"] += span.duration_s
-        elif span.kind == "comm":
-            sums[span.label[0]] += span.duration_s
-    return LayerTimes(tp, where or cluster.name, sums["forward"], sums["backward"],
-                      sums["F"], sums["B"])
+    (chunk,) = step_costs(one, cluster, plan).chunks
+    alone_s = chunk.tp.alone_s if chunk.tp is not None and chunk.tp.pipes else 0.0
+    return LayerTimes(tp, where or cluster.name, chunk.t_fwd - chunk.head_fwd,
+                      chunk.t_rec + chunk.t_bwd - chunk.head_bwd, alone_s * chunk.tp_fwd,
+                      alone_s * chunk.tp_bwd)
 
 
 def tp_scaling(model: Transformer, base: Cluster, degrees: Iterable[int], *,

@@ -3,25 +3,28 @@ the whole tensors every case starts from, how a rank's share is cut from them, a
 block each split is compared with, in float64 in one process.
 
 ``record`` runs a function and back-propagates a fixed upstream gradient under
-``labsim.lab.comm.CommRecorder``: on a worker it sees the learner's collectives and FLOPs; on
-the whole tensors in the checking process it is the oracle (``serial``).
+``labsim.lab.comm.CommRecorder`` and the reference tripwire (``labsim.checks._observe.watch``):
+on a worker it sees the learner's collectives, FLOPs and calls into labsim's reference; on the
+whole tensors in the checking process it is the oracle (``serial``).  A *job* is one kind of
+exercise (``KINDS``) on one ``Spec`` of sizes: ``job_inputs`` cuts a rank's inputs,
+``job_call`` adapts the learner's function, ``serial_job`` is what each rank must return.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from labsim.checks._workers import calls, reference_codes
+from labsim.checks._observe import watch
 from labsim.lab.comm import CommRecorder
-from labsim.parallel import tensor_parallel
 from labsim.parallel.tensor_parallel import causal_attention
 
 Comms = tuple[tuple[str, int], ...]
-REFERENCE = reference_codes(tensor_parallel)  # what an exercise must write itself
+KINDS = ("f", "g", "mlp", "attention", "gather", "scatter", "sp", "ce")
 
 
 @dataclass(frozen=True)
@@ -57,19 +60,20 @@ def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
 
 
 def record(fn: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor],
-           upstream: torch.Tensor) -> TPRun:
+           upstream: torch.Tensor, forbid: tuple[str, ...] = ()) -> TPRun:
     """Run ``fn(*inputs)`` and back-propagate ``upstream`` under a ``CommRecorder``, noting
-    any call into labsim's reference (``labsim.parallel.tensor_parallel``)."""
+    any call of the ``forbid`` references (``"module:qualname"``) made from the learner's
+    code."""
     leaves = {k: v.detach().clone().requires_grad_(v.is_floating_point())
               for k, v in inputs.items()}
-    with CommRecorder() as rec:
-        out, used = calls(REFERENCE, fn, *leaves.values())
+    with CommRecorder() as rec, watch(forbid, ops=False) as seen:
+        out = fn(*leaves.values())
         rec.phase = "backward"
-        _, used_backward = calls(REFERENCE, lambda: (out * upstream).sum().backward())
+        (out * upstream).sum().backward()
     return TPRun(out.detach(), {k: v.grad for k, v in leaves.items() if v.requires_grad},
                  tuple((c.kind, c.numel) for c in rec.comms if c.phase == "forward"),
                  tuple((c.kind, c.numel) for c in rec.comms if c.phase == "backward"),
-                 rec.flops, tuple(sorted(used | used_backward)))
+                 rec.flops, tuple(seen.summary()["references"]))
 
 
 def serial(fn: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor],
@@ -187,3 +191,117 @@ def ce_whole(spec: Spec, world: int) -> dict[str, torch.Tensor]:
         target = vocab - 1 - torch.randint(0, vocab // world, (tokens,), generator=g)
     return {"logits": randn(g, tokens, vocab, scale=spec.scale), "target": target,
             "upstream": torch.rand(tokens, generator=g, dtype=torch.float64)}
+
+
+# -- jobs: one kind of exercise on one Spec, as every rank runs it ------------------------------
+
+
+def sp_operator_inputs(rank: int, world: int) -> list[torch.Tensor]:
+    """For the sequence-parallel operators: a (2, 3, 4) shard and a (2 world, 3, 4) whole
+    tensor, and their upstream gradients, different on every rank."""
+    gen = torch.Generator().manual_seed(11 + rank)
+    return [randn(gen, 2, 3, 4), randn(gen, 2 * world, 3, 4), randn(gen, 2 * world, 3, 4),
+            randn(gen, 2, 3, 4)]
+
+
+def job_inputs(kind: str, spec: Spec | None, rank: int, world: int
+               ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Rank ``rank``'s inputs of a job (named, in the order the exercise takes them) and the
+    upstream gradient of its output."""
+    if kind in ("f", "g"):
+        x, grad = operator_inputs(rank)
+        return {"x": x}, grad
+    if kind in ("gather", "scatter"):
+        shard, whole_x, up_gather, up_scatter = sp_operator_inputs(rank, world)
+        return ({"x": shard}, up_gather) if kind == "gather" else ({"x": whole_x}, up_scatter)
+    if spec is None:
+        raise ValueError(f"a {kind} job needs a Spec of sizes")
+    if kind == "mlp":
+        whole = mlp_whole(spec)
+        return mlp_part(whole, rank, world), whole["upstream"]
+    if kind == "attention":
+        whole = attention_whole(spec)
+        return attention_part(whole, rank, world), whole["upstream"]
+    if kind == "sp":
+        whole, s = sp_whole(spec), spec.seq
+        return sp_part(whole, rank, world), whole["upstream"][rank * s // world:
+                                                              (rank + 1) * s // world]
+    if kind == "ce":
+        whole, v = ce_whole(spec, world), spec.ffn // world
+        return ({"logits": whole["logits"][:, rank * v:(rank + 1) * v],
+                 "target": whole["target"]}, whole["upstream"])
+    raise ValueError(f"unknown job kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+def job_call(kind: str, spec: Spec | None, rank: int, world: int,
+             fn: Any) -> Callable[..., torch.Tensor]:
+    """The learner's exercise as a function of the job's inputs."""
+    if kind in ("f", "g", "gather", "scatter"):
+        return lambda t: fn.apply(t)
+    if kind == "attention" and spec is not None:
+        return lambda *a, d=spec.hidden // spec.heads: fn(*a, d)
+    if kind == "ce" and spec is not None:
+        return lambda lg, tg, start=rank * (spec.ffn // world): fn.apply(lg, tg, start)
+    return fn
+
+
+def serial_job(kind: str, spec: Spec | None, world: int) -> list[TPRun]:
+    """What each rank must return for a job: its output and its inputs' gradients, from the
+    whole computation in one process (float64), cut as the rank holds them."""
+    if kind in ("f", "g"):
+        xs = [operator_inputs(r) for r in range(world)]
+        total_x, total_grad = sum(x for x, _ in xs), sum(g for _, g in xs)
+        if kind == "f":
+            return [TPRun(x, {"x": total_grad}, (), (), 0) for x, _ in xs]
+        return [TPRun(total_x, {"x": g}, (), (), 0) for _, g in xs]
+    if kind in ("gather", "scatter"):
+        data = [sp_operator_inputs(r, world) for r in range(world)]
+        if kind == "gather":
+            full, up = torch.cat([d[0] for d in data]), sum(d[2] for d in data)
+            return [TPRun(full, {"x": up[2 * r:2 * r + 2]}, (), (), 0) for r in range(world)]
+        summed, grads = sum(d[1] for d in data), torch.cat([d[3] for d in data])
+        return [TPRun(summed[2 * r:2 * r + 2], {"x": grads}, (), (), 0) for r in range(world)]
+    if spec is None:
+        raise ValueError(f"a {kind} job needs a Spec of sizes")
+    if kind == "mlp":
+        whole = mlp_whole(spec)
+        ref = serial(serial_mlp, _without_upstream(whole), whole["upstream"])
+        return [shard_grads(ref, r, world, {"w_up": 0, "b_up": 0, "w_down": 1})
+                for r in range(world)]
+    if kind == "attention":
+        whole = attention_whole(spec)
+        ref = serial(serial_attention(spec.hidden // spec.heads), _without_upstream(whole),
+                     whole["upstream"])
+        return [shard_grads(ref, r, world, {"w_qkv": 0, "b_qkv": 0, "w_o": 1})
+                for r in range(world)]
+    if kind == "sp":
+        whole, s = sp_whole(spec), spec.seq
+        ref = serial(serial_sp_block, _without_upstream(whole), whole["upstream"])
+        cut = [shard_grads(ref, r, world, {"x": 0, "w_up": 0, "b_up": 0, "w_down": 1})
+               for r in range(world)]
+        return [TPRun(ref.out[r * s // world:(r + 1) * s // world], c.grads, (), (), ref.flops)
+                for r, c in enumerate(cut)]
+    if kind == "ce":
+        whole, v = ce_whole(spec, world), spec.ffn // world
+        ref = serial(lambda lg, tg: F.cross_entropy(lg, tg, reduction="none"),
+                     {"logits": whole["logits"], "target": whole["target"]}, whole["upstream"])
+        return [TPRun(ref.out, {"logits": ref.grads["logits"][:, r * v:(r + 1) * v]}, (), (),
+                      ref.flops) for r in range(world)]
+    raise ValueError(f"unknown job kind {kind!r}; one of {', '.join(KINDS)}")
+
+
+def serial_flops(kind: str, spec: Spec) -> int:
+    """Matmul FLOPs (forward and backward) of the whole block of a job, in one process."""
+    if kind == "mlp":
+        whole, fn = mlp_whole(spec), serial_mlp
+    elif kind == "attention":
+        whole, fn = attention_whole(spec), serial_attention(spec.hidden // spec.heads)
+    elif kind == "sp":
+        whole, fn = sp_whole(spec), serial_sp_block
+    else:
+        raise ValueError(f"no FLOP budget for a {kind} job")
+    return serial(fn, _without_upstream(whole), whole["upstream"]).flops
+
+
+def _without_upstream(whole: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in whole.items() if k != "upstream"}
