@@ -125,10 +125,16 @@ def lingers(rank, world):
     assert _workers_alive() == []
 
 
-def test_progress_shows_ranks_finishing(capsys) -> None:
-    """With a label, the launch shows a bar that ends at every rank done (stderr outside a
-    notebook; a widget in one)."""
+def test_progress_shows_ranks_finishing_then_erases_itself(capsys) -> None:
+    """With a label, the launch draws a bar on stdout that reaches every rank done and is
+    erased at the end, so what is printed next is all a notebook (and nbval) keeps."""
+    from nbformat.v4 import new_output
+    from nbval.plugin import coalesce_streams
+
     assert list(launch("labsim.checks.collectives.reference:demo", 2, timeout_s=120,
                        progress="ring demo")) == [0.0, 0.0]
-    err = capsys.readouterr().err
-    assert "ring demo" in err and "2/2" in err
+    print("PASS ring: 3/3 cases passed")
+    out = capsys.readouterr().out
+    assert "ring demo" in out and "2/2" in out
+    [kept] = coalesce_streams([new_output("stream", name="stdout", text=out)])
+    assert kept.text == "PASS ring: 3/3 cases passed\n"

@@ -263,3 +263,19 @@ def test_release_and_check_refuse_bad_input_in_one_line(tmp_path: Path, capsys) 
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "error" in err[0], (argv, err)
+
+
+def test_a_progress_bar_before_the_pass_line_is_not_stored() -> None:
+    """A check that draws a progress bar ("\\r"-redrawn, erased at the end) stores only its
+    PASS line, as a front end and nbval show it."""
+    from labsim.course.release import _clean_outputs
+
+    outs = [nbformat.v4.new_output("stream", name="stdout", text="ring: 0/3 [00:00]\r"),
+            nbformat.v4.new_output("stream", name="stdout",
+                                   text="ring: 3/3 [00:04]\r" + " " * 20 + "\r"),
+            nbformat.v4.new_output("stream", name="stdout", text="PASS ring: 8/8 cases passed\n")]
+    [kept] = _clean_outputs(outs)
+    assert kept.text == "PASS ring: 8/8 cases passed\n"
+    # a bar left alone (the check failed after it) is kept as drawn: nothing is invented
+    [alone] = _clean_outputs(outs[:1])
+    assert alone.text == "ring: 0/3 [00:00]\r"
