@@ -298,7 +298,7 @@ def _executor_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], sp
             runs.append(run)
     try:
         ranks = launch(executor_worker, NPROCS, args=(step, runs, spec.forbid),
-                       timeout_s=timeout_s).values
+                       timeout_s=timeout_s, progress=spec.title).values
     except (LaunchTimeout, WorkerError) as exc:
         return [Outcome.of_error(exc)] * len(cases)
     references = sorted({r for rank in ranks for run in rank for r in (

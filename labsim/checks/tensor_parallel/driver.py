@@ -111,7 +111,7 @@ def driver(roles: Mapping[str, int], nprocs: int,
                 jobs.append(job)
         try:
             ranks = launch(tp_worker, nprocs, args=(list(fns), dict(roles), jobs, spec.forbid),
-                           timeout_s=timeout_s).values
+                           timeout_s=timeout_s, progress=spec.title).values
         except (LaunchTimeout, WorkerError) as exc:
             return [Outcome.of_error(exc)] * len(cases)
         references = sorted({ref for r in ranks for run in r if isinstance(run, dict)
