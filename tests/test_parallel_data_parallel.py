@@ -56,3 +56,49 @@ def test_shard_bounds_match_tensor_split(numel: int, world: int) -> None:
     assert got[0][0] == 0 and got[-1][1] == numel
     with pytest.raises(ValueError):
         shard_bounds(numel, world, world)
+
+
+def _accumulate(rank: int, world: int, k: int, no_sync: bool) -> tuple[float, int, int]:
+    """k micro-batches per step with DataParallelBucket, with or without ``no_sync`` on all
+    but the last; returns (largest difference from one process on the whole batch,
+    all-reduces launched, buckets)."""
+    import contextlib
+
+    init, cap = 7, 600.0
+    batches = [dp.make_tokens(50 + s, 4 * world) for s in range(3)]
+    ref = dp.serial_reference(init, batches, accumulate=k)
+    torch.manual_seed(init + rank)  # replicas start different: only the broadcast fixes it
+    model = dp.DataParallelBucket(dp.TrapNet().double(), bucket_cap_bytes=cap)
+    torch.manual_seed(init)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for b in batches:
+        parts = dp.shard(b, rank, world).chunk(k)
+        for i, mb in enumerate(parts):
+            quiet = no_sync and i < k - 1
+            with model.no_sync() if quiet else contextlib.nullcontext():
+                (dp.lm_loss(model, mb) / k).backward()
+        model.finish_gradient_synchronization()
+        opt.step()
+        opt.zero_grad()
+    got = dp.parameters_of(model.module)
+    err = max(float((got[n] - v).abs().max()) for n, v in ref.params.items())
+    return err, model.n_allreduce, len(model.buckets)
+
+
+@pytest.mark.slow
+def test_bucket_accumulation_is_right_with_and_without_no_sync() -> None:
+    """Four backward passes before one synchronization: with ``no_sync`` one all-reduce per
+    bucket per step, without it one per bucket per backward (each waited for), and both
+    equal one process on the whole batch."""
+    from labsim.checks.data_parallel import expected_buckets
+
+    k, steps = 4, 3
+    buckets = expected_buckets(600.0)  # the one holding the unused layer fills only at the end
+    per_step = {True: len(buckets),
+                False: sum(k if complete else 1 for _, complete in buckets)}
+    for no_sync in (True, False):
+        ranks = launch(_accumulate, 2, args=(k, no_sync), timeout_s=120)
+        for err, n_allreduce, n_buckets in ranks:
+            assert n_buckets == len(buckets)
+            assert err < 1e-12, (no_sync, err)
+            assert n_allreduce == steps * per_step[no_sync], (no_sync, n_allreduce)
