@@ -102,3 +102,57 @@ def test_bucket_accumulation_is_right_with_and_without_no_sync() -> None:
             assert n_buckets == len(buckets)
             assert err < 1e-12, (no_sync, err)
             assert n_allreduce == steps * per_step[no_sync], (no_sync, n_allreduce)
+
+
+def _sharded_vs_unsharded(rank: int, world: int, config: str) -> tuple[float, int, int]:
+    """ShardedOptimizer on this rank's shard against ``optimizer_cls`` in one process on the
+    whole batch; the second block's parameters get no gradient in step 2 (unused that step).
+    Returns (largest parameter difference, state elements held here, elements of the
+    parameters that ever get a gradient)."""
+    import torch.distributed as dist
+
+    from labsim.parallel.zero import ShardedOptimizer
+
+    def groups(model: torch.nn.Module) -> list[dict]:
+        blocks = [p for n, p in model.named_parameters() if n.startswith("blocks.")]
+        rest = [p for n, p in model.named_parameters()
+                if p.requires_grad and not n.startswith("blocks.")]
+        return [{"params": blocks, "lr": 0.02}, {"params": rest}]
+
+    cls, kwargs = {"adamw": (torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}),
+                   "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})}[config]
+    torch.manual_seed(5)
+    serial, local = dp.TrapNet().double(), dp.TrapNet().double()
+    local.load_state_dict(serial.state_dict())
+    ref, opt = cls(groups(serial), **kwargs), ShardedOptimizer(groups(local), cls, **kwargs)
+    for step in range(3):
+        batch = dp.make_tokens(70 + step, 4 * world)
+        for model, o, tokens in ((serial, ref, batch), (local, opt, dp.shard(batch, rank, world))):
+            dp.lm_loss(model, tokens).backward()
+            if step == 1:
+                for p in model.blocks[1].parameters():
+                    p.grad = None
+            o.step()
+            o.zero_grad()
+    err = max(float((a - b).abs().max()) for a, b in zip(serial.parameters(), local.parameters()))
+    held = sum(t.numel() for t in opt.state_tensors() if t.ndim)
+    total = sum(p.numel() for n, p in local.named_parameters()  # the unused layer: no state
+                if p.requires_grad and not n.startswith("unused."))
+    dist.barrier()
+    return err, held, total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["adamw", "sgd"])
+def test_sharded_optimizer_equals_the_unsharded_one(config: str) -> None:
+    """AdamW with weight decay and two parameter groups, SGD with momentum: 2 ranks on
+    different halves of each batch equal one process on the whole batch, a parameter with no
+    gradient in one step included; together the ranks hold the state once, and none for a
+    parameter that never had a gradient (torch.optim's lazy state)."""
+    ranks = launch(_sharded_vs_unsharded, 2, args=(config,), timeout_s=120)
+    per_param = {"adamw": 2, "sgd": 1}[config]
+    for err, _, _ in ranks:
+        assert err < 1e-12
+    total = ranks[0][2]
+    assert sum(h for _, h, _ in ranks) == per_param * total
+    assert max(h for _, h, _ in ranks) <= 0.6 * per_param * total
