@@ -60,7 +60,7 @@ FORBID_FORMULA = ("labsim.memory:*",)
 
 @dataclass(frozen=True)
 class AdamRun(TrainingRun):
-    """A training run with a learner's ZeRO-1 Adam: also the bytes of tensors the optimizer
+    """A training run with a learner's ZeRO-1 optimizer: also the bytes of tensors the optimizer
     created and still holds after the last step (``held_bytes``), what the recorder saw in each
     ``step()`` (``steps``) and the references the tripwire caught."""
 
