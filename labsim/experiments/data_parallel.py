@@ -198,7 +198,21 @@ def wire_steps(cls: Callable[..., nn.Module], bandwidths_Bps: tuple[float, ...] 
     """For each bandwidth: wrap an MLP (fp32) in ``cls(module, cap_bytes)`` -- a bucketed DDP
     such as the lab's ``BucketDDP`` -- and time training steps in this process with
     ``torch.distributed``'s calls on an emulated wire (``_Wire``: no process group needed).
-    Returns the median step (by step time) of ``repeat`` after a warm-up, per bandwidth."""
+    Returns the median step (by step time) of ``repeat`` after a warm-up, per bandwidth.
+    Runs on one intra-op thread (restored after): on a shared CPU two threads that wait for
+    each other make the step's time, not the wire, the story."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _wire_steps(cls, bandwidths_Bps, alpha_s, cap_bytes, width, depth, batch,
+                           repeat, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _wire_steps(cls: Callable[..., nn.Module], bandwidths_Bps: tuple[float, ...],
+                alpha_s: float, cap_bytes: float, width: int, depth: int, batch: int,
+                repeat: int, progress: bool) -> list[WireStep]:
     from tqdm.auto import tqdm
 
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(0))
