@@ -30,6 +30,8 @@ def test_bytes_per_rank_follow_the_sharding() -> None:
         assert z1.sent_bytes == pytest.approx(4 * psi, rel=0.01)  # 2 Psi: same as DP
         assert f2.sent_bytes == pytest.approx(6 * psi, rel=0.01)  # 3 Psi: 1.5 x DP
         assert bf.by_kind["all_gather"] == 2 * 2 * psi  # gathered twice, in bf16
+        z3 = r["ZeRO-3 by hand"]
+        assert (z3.params, z3.grads, z3.sent_bytes) == (f2.params, f2.grads, f2.sent_bytes)
     # ZeRO-1: the two ranks' moments make up Adam's state once, each about half
     moments = [r["ZeRO-1"].optimizer for r in ranks]
     assert sum(moments) == 8 * psi and max(moments) <= 0.6 * 8 * psi

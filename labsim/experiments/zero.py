@@ -2,7 +2,8 @@
 
 ``bytes_worker`` (inside ``labsim.lab.launch`` workers) takes one MLP through a training step
 under data-parallel Adam (everything replicated, gradients all-reduced), ``ShardedOptimizer``
-around Adam (ZeRO-1) and FSDP2's ``fully_shard`` (ZeRO-3), in fp32 and with a bf16 compute
+around Adam (ZeRO-1), ``Zero3Linear`` layers (ZeRO-3 by hand) and FSDP2's ``fully_shard``
+(ZeRO-3), in fp32 and with a bf16 compute
 dtype (``MixedPrecisionPolicy``), and measures what each rank holds (``labsim.lab.memory``)
 and what its collectives move (``labsim.lab.comm.CommRecorder``, at the dispatcher).
 """
@@ -19,9 +20,9 @@ from torch import nn
 from labsim.lab.comm import CommRecorder
 from labsim.lab.device import rank_device
 from labsim.lab.memory import grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
-from labsim.parallel.zero import ShardedOptimizer, fsdp_wrap
+from labsim.parallel.zero import ShardedOptimizer, fsdp_wrap, zero3_wrap
 
-SETUPS = ("data-parallel Adam", "ZeRO-1", "FSDP2", "FSDP2, bf16 compute")
+SETUPS = ("data-parallel Adam", "ZeRO-1", "ZeRO-3 by hand", "FSDP2", "FSDP2, bf16 compute")
 # bytes a rank sends per byte of a collective's whole tensor on a ring of n ranks
 _RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n}
@@ -57,6 +58,8 @@ def _wrap(name: str, model: nn.Module, world: int) -> nn.Module:
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                           reduce_dtype=torch.float32)
         return fsdp_wrap(model, world, mp_policy=policy)
+    if name == "ZeRO-3 by hand":
+        return zero3_wrap(model)
     return model
 
 

@@ -1,6 +1,8 @@
 """ZeRO stage 1 by hand: an optimizer whose state each rank keeps only for its share of the
 parameters (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models", P_os), and the FSDP2 (``torch.distributed.fsdp.fully_shard``) counterpart.
+Parameter Models", P_os), ZeRO-3 by hand (``Zero3Linear``: gather each layer for forward and
+again for backward, reduce-scatter its gradient) and the FSDP2
+(``torch.distributed.fsdp.fully_shard``) counterpart.
 
 ``ShardedOptimizer(params, optimizer_cls, **kwargs)`` wraps any ``torch.optim.Optimizer``
 class with its keyword arguments and parameter groups (the interface of Stanford CS336's
@@ -40,7 +42,8 @@ from torch import nn
 
 from labsim.lab.device import rank_device
 
-__all__ = ["ShardedOptimizer", "owners", "shard_bounds", "demo", "fsdp_wrap"]
+__all__ = ["ShardedOptimizer", "Zero3Linear", "owners", "shard_bounds", "demo", "fsdp_wrap",
+           "zero3_wrap"]
 
 
 def shard_bounds(numel: int, world: int, rank: int) -> tuple[int, int]:
@@ -157,6 +160,73 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 p.copy_(gathered[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
         return loss
+
+
+def _gather_layer(shard: torch.Tensor, out_features: int, in_features: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather a linear layer's flat shards into its (weight, bias)."""
+    full = shard.new_empty(dist.get_world_size() * shard.numel())
+    dist.all_gather_into_tensor(full, shard.detach().contiguous())
+    n = out_features * in_features
+    return full[:n].view(out_features, in_features), full[n:n + out_features]
+
+
+class _GatheredLinear(torch.autograd.Function):
+    """ZeRO-3's linear layer: gather the parameters for forward and free them; gather them
+    again for backward, then reduce-scatter the flat gradient so each rank keeps its shard
+    (the mean over ranks, as data parallelism averages)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, out_features: int,
+                in_features: int) -> torch.Tensor:
+        weight, bias = _gather_layer(shard, out_features, in_features)
+        ctx.save_for_backward(x, shard)
+        ctx.features = (out_features, in_features)
+        return torch.nn.functional.linear(x, weight, bias)  # the gathered copy dies here
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[Any, ...]:
+        x, shard = ctx.saved_tensors
+        out_features, in_features = ctx.features
+        weight, _ = _gather_layer(shard, out_features, in_features)  # gathered again
+        gy, xs = grad_y.reshape(-1, out_features), x.reshape(-1, in_features)
+        flat = torch.cat([(gy.T @ xs).reshape(-1), gy.sum(0)])
+        world = dist.get_world_size()
+        padded = flat.new_zeros(world * shard.numel())
+        padded[:flat.numel()] = flat
+        mine = torch.empty_like(shard)
+        dist.reduce_scatter_tensor(mine, padded)
+        return grad_y @ weight, mine / world, None, None
+
+
+class Zero3Linear(nn.Module):
+    """A ``nn.Linear`` stored as this rank's 1/N flat shard of its weight and bias (padded to
+    equal shards): ZeRO-3 by hand (Rajbhandari et al. 2020, P_os+g+p), 3 Psi per step:
+    an all-gather before forward, another before backward, a reduce-scatter of the gradient."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if linear.bias is None:
+            raise ValueError("Zero3Linear needs a bias; build the layer with bias=True")
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        per = -(-flat.numel() // world)
+        padded = flat.new_zeros(world * per)
+        padded[:flat.numel()] = flat
+        self.shard = nn.Parameter(padded[rank * per:(rank + 1) * per].clone())
+        self.out_features, self.in_features = linear.out_features, linear.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _GatheredLinear.apply(x, self.shard, self.out_features, self.in_features)
+
+
+def zero3_wrap(model: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` child of ``model`` (a ``nn.Sequential``, say) by a
+    ``Zero3Linear`` holding this rank's shard; the ranks must start from equal weights."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, Zero3Linear(child))
+    return model
 
 
 def fsdp_wrap(model: nn.Module, world: int, mp_policy: Any = None,
