@@ -32,7 +32,9 @@ def _mlp(width: int, depth: int) -> nn.Module:
 class OverlapTiming:
     """Median seconds per training step on one rank: backward alone (``compute_s``), the
     gradients' all-reduce alone (``comm_s``), naive DDP, ``DataParallelBucket`` and PyTorch's
-    ``DistributedDataParallel``; the bucket count and the gradient bytes."""
+    ``DistributedDataParallel``; the bucket count and the gradient bytes; and the same
+    backward while an all-reduce of the gradients' size runs beside it
+    (``compute_with_comm_s``: how much the communication slows the compute it overlaps)."""
 
     compute_s: float
     comm_s: float
@@ -41,6 +43,7 @@ class OverlapTiming:
     ddp_s: float
     buckets: int
     grad_bytes: float
+    compute_with_comm_s: float = 0.0
 
 
 def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 8,
@@ -73,6 +76,14 @@ def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 
     compute_s = timed(step_fn(plain, lambda: None))
     flat = torch.zeros(sum(p.numel() for p in plain.parameters()))
     comm_s = timed(lambda: dist.all_reduce(flat))
+    contended = []
+    for _ in range(repeat):
+        dist.barrier()
+        work = dist.all_reduce(flat, async_op=True)
+        t0 = time.perf_counter()
+        step_fn(plain, lambda: None)()
+        contended.append(time.perf_counter() - t0)
+        work.wait()
     naive_s = timed(step_fn(plain, partial(average_gradients, plain)))
     del plain  # one model at a time keeps the workers' memory small
     bucket = DataParallelBucket(_mlp(width, depth), bucket_cap_bytes=cap_bytes)
@@ -83,7 +94,7 @@ def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 
                                               bucket_cap_mb=cap_bytes / 2**20)
     ddp_s = timed(step_fn(ddp, lambda: None))
     return OverlapTiming(compute_s, comm_s, naive_s, bucket_s, ddp_s, buckets,
-                         float(flat.numel() * 4))
+                         float(flat.numel() * 4), statistics.median(contended))
 
 
 
