@@ -267,17 +267,16 @@ REAL = [  # (lab, exercise, check column, attack, source)
      "        p.grad /= dist.get_world_size()\n"
      "    def forward(self, *args, **kwargs):\n        return self.module(*args, **kwargs)\n"
      "    def finish_gradient_synchronization(self):\n        pass\n"),
-    ("09_zero_fsdp", "ShardedAdam", "sharded_adam", "ZeRO-1 as replicated Adam, half its state",
-     "class ShardedAdam:\n    def __init__(self, params, lr):\n"
-     "        self.params = list(params)\n"
-     "        self.adam = torch.optim.Adam(self.params, lr=lr)\n"
-     "    def zero_grad(self):\n        self.adam.zero_grad()\n"
-     "    def state_tensors(self):\n"
-     "        s = [v for st in self.adam.state.values() for k, v in st.items() if k != 'step']\n"
-     "        return s[:len(s) // 2]\n    @torch.no_grad()\n    def step(self):\n"
-     "        for p in self.params:\n            if p.grad is not None:\n"
-     "                dist.all_reduce(p.grad)\n                p.grad /= dist.get_world_size()\n"
-     "        self.adam.step()\n"),
+    ("09_zero_fsdp", "ShardedOptimizer", "sharded_optimizer",
+     "ZeRO-1 as the replicated optimizer",
+     "class ShardedOptimizer:\n    def __init__(self, params, optimizer_cls, **kwargs):\n"
+     "        self.opt = optimizer_cls(params, **kwargs)\n"
+     "    def zero_grad(self):\n        self.opt.zero_grad()\n"
+     "    @torch.no_grad()\n    def step(self):\n"
+     "        for g in self.opt.param_groups:\n            for p in g['params']:\n"
+     "                if p.grad is not None:\n                    dist.all_reduce(p.grad)\n"
+     "                    p.grad /= dist.get_world_size()\n"
+     "        self.opt.step()\n"),
     ("12_int8_quantization", "int8_matmul", "int8_matmul", "int8 matmul in float64",
      "def int8_matmul(x_q, w_q, x_zero_point):\n"
      "    x = x_q.double() - float(x_zero_point)\n"

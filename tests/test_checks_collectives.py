@@ -25,7 +25,8 @@ S = exercises("07_collectives")
 def test_pure_checks_pass_on_the_solutions(capsys):
     check.ring_time(S["ring_allreduce_time"])
     check.bus_bandwidth(S["bus_bandwidth"])
-    assert capsys.readouterr().out.count("PASS") == 2
+    check.fit_alpha_beta(S["fit_alpha_beta"])
+    assert capsys.readouterr().out.count("PASS") == 3
     # the textbook form is labsim's closed form (line rate) when the size divides
     assert S["ring_allreduce_time"](8e9, 8, 300e9, 3.4e-6) == pytest.approx(
         collective_time("allreduce", 8e9, 8, link("nvlink3"), achieved=False), rel=1e-12)
@@ -83,3 +84,36 @@ def test_rank_tensors_differ_and_are_deterministic():
     assert torch.equal(rank_tensor(0, 5), rank_tensor(0, 5))
     assert not torch.equal(rank_tensor(0, 5), rank_tensor(1, 5))
     assert rank_tensor(2, 3, torch.int64).dtype == torch.int64
+
+
+def _fit_absolute(rows):  # type: ignore[no-untyped-def]
+    """Least squares on absolute seconds: the large sizes decide, alpha is lost in noise."""
+    import numpy as np
+
+    a = np.array([[2 * (p - 1), 2 * (p - 1) / p * s] for s, p, _ in rows])
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.array([t for *_, t in rows]), rcond=None)
+    return alpha, 1 / beta
+
+
+def _fit_two_points(rows):  # type: ignore[no-untyped-def]
+    """alpha and B from the smallest and largest rows alone."""
+    import numpy as np
+
+    (s0, p0, t0), (s1, p1, t1) = rows[0], rows[-1]
+    a = np.array([[2 * (p0 - 1), 2 * (p0 - 1) / p0 * s0], [2 * (p1 - 1), 2 * (p1 - 1) / p1 * s1]])
+    alpha, beta = np.linalg.solve(a, [t0, t1])
+    return alpha, 1 / beta
+
+
+@pytest.mark.parametrize("fit", [_fit_absolute, _fit_two_points], ids=["absolute", "two-points"])
+def test_alpha_beta_fits_that_are_not_the_relative_least_squares_fail(fit):
+    with pytest.raises(CheckFailed, match="FAIL fit_alpha_beta: 3/6"):
+        check.fit_alpha_beta(fit)
+
+
+def test_the_reference_fit_recovers_alpha_and_bandwidth():
+    from labsim.checks.collectives import _fit_rows
+    from labsim.checks.collectives.reference import fit_alpha_beta
+
+    alpha, bw = fit_alpha_beta(_fit_rows(12e-6, 3e9, (2, 3), [2.0**k for k in range(8, 24)]))
+    assert alpha == pytest.approx(12e-6, rel=1e-9) and bw == pytest.approx(3e9, rel=1e-9)

@@ -1,8 +1,11 @@
 """Lab 08 checks on real processes: the solutions pass; a stub, a wrong reduction, a
-reduction per parameter, a bucketed DDP that only reduces at the end, accumulation that
-communicates on every micro-batch and the reference itself fail, naming what is wrong."""
+reduction per parameter, a bucketed DDP that only reduces at the end or ignores no_sync,
+accumulation that communicates on every micro-batch and the reference itself fail, naming what
+is wrong."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -95,6 +98,14 @@ class AtTheEnd(torch.nn.Module):
                 offset += p.numel()
 
 
+class IgnoresNoSync(S["BucketDDP"]):  # type: ignore[misc,valid-type]
+    """The solution with a no_sync() that does nothing: right numbers, twice the traffic."""
+
+    @contextlib.contextmanager
+    def no_sync(self):  # type: ignore[no-untyped-def]
+        yield
+
+
 def stub(*args):  # type: ignore[no-untyped-def]
     raise NotImplementedError
 
@@ -104,7 +115,7 @@ def test_the_solutions_pass(capsys: pytest.CaptureFixture[str]) -> None:
     c.bucketed_ddp(S["BucketDDP"])
     c.accumulation(S["accumulation_step"])
     out = capsys.readouterr().out
-    assert "PASS naive_ddp: 6/6" in out and "PASS bucketed_ddp: 8/8" in out
+    assert "PASS naive_ddp: 6/6" in out and "PASS bucketed_ddp: 10/10" in out
     assert "PASS accumulation: 6/6" in out
 
 
@@ -125,12 +136,13 @@ def test_wrong_code_fails() -> None:
 @pytest.mark.parametrize(("cls", "rule"), [
     (PerParameter, "one all-reduce per bucket"),
     (AtTheEnd, "launched during backward"),
+    (IgnoresNoSync, "inside no_sync"),
     (DataParallelBucket, "calls labsim's own reference"),
-], ids=["per-parameter", "at-the-end", "reference"])
+], ids=["per-parameter", "at-the-end", "ignores-no-sync", "reference"])
 def test_shortcuts_of_bucketed_ddp_score_zero(cls, rule: str) -> None:
     with pytest.raises(CheckFailed, match=rule) as info:
         c.bucketed_ddp(cls)
-    assert "0/8 cases passed" in str(info.value)
+    assert "0/10 cases passed" in str(info.value)
 
 
 def test_the_reference_naive_ddp_is_not_the_learners() -> None:

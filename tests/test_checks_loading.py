@@ -81,3 +81,53 @@ def test_ignoring_the_main_process_case_fails():
 
     with pytest.raises(CheckFailed, match="main process"):
         check.loading.busy_fraction(no_serial)
+
+
+class _Sharded:
+    """The exercise's IterableDataset: worker w of W yields items w, w + W, ..."""
+
+    def __init__(self, n_items):
+        self.n_items = n_items
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n_items, step))
+
+
+class _EveryWorkerEverything(_Sharded):
+    def __iter__(self):
+        return iter(range(self.n_items))
+
+
+class _FirstWorkerOnly(_Sharded):
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        return iter(range(self.n_items) if info is None or info.id == 0 else [])
+
+
+class _StubStream(_Sharded):
+    def __iter__(self):
+        raise NotImplementedError
+
+
+def _as_iterable(cls):
+    from torch.utils.data import IterableDataset
+
+    return type(cls.__name__, (cls, IterableDataset), {})
+
+
+@pytest.mark.slow
+def test_sharded_stream_passes_and_its_shortcuts_fail(capsys):
+    check.loading.sharded_stream(_as_iterable(_Sharded))
+    assert "PASS sharded_stream: 6/6" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="came more than once"):  # the duplicate-data bug
+        check.loading.sharded_stream(_as_iterable(_EveryWorkerEverything))
+    with pytest.raises(CheckFailed, match="split them evenly"):
+        check.loading.sharded_stream(_as_iterable(_FirstWorkerOnly))
+    with pytest.raises(CheckFailed, match="0/6 cases passed"):
+        check.loading.sharded_stream(_as_iterable(_StubStream))

@@ -26,7 +26,9 @@ from labsim.checks.quantization.reference import (
     model_nbytes,
     quantize,
     quantize_model,
+    quantize_multiplier,
     quantize_weight,
+    requantize,
 )
 
 from .solution_cells import exercises
@@ -57,8 +59,10 @@ def test_solutions_pass(capsys: pytest.CaptureFixture[str]) -> None:
     chk.int8_matmul(S["int8_matmul"])
     chk.int8_linear(S["int8_linear"])
     chk.quantize_model(S["quantize_model"])
+    chk.quantize_multiplier(S["quantize_multiplier"])
+    chk.requantize(S["requantize"])
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 7 and all(line.startswith("PASS ") for line in lines)
+    assert len(lines) == 9 and all(line.startswith("PASS ") for line in lines)
 
 
 @pytest.mark.parametrize("run", [
@@ -69,7 +73,10 @@ def test_solutions_pass(capsys: pytest.CaptureFixture[str]) -> None:
     lambda: chk.int8_matmul(int8_matmul),
     lambda: chk.int8_linear(lambda *a: int8_linear(*a)),
     lambda: chk.quantize_model(lambda *a, **k: quantize_model(*a, **k)),
-], ids=["qparams", "qdq", "minmax", "percentile", "matmul", "linear", "model"])
+    lambda: chk.quantize_multiplier(quantize_multiplier),
+    lambda: chk.requantize(lambda *a: requantize(*a)),
+], ids=["qparams", "qdq", "minmax", "percentile", "matmul", "linear", "model", "multiplier",
+        "requantize"])
 def test_the_reference_or_a_wrapper_of_it_fails(run) -> None:
     with pytest.raises(CheckFailed, match="calls labsim's own reference"):
         run()
@@ -96,6 +103,8 @@ def test_a_model_left_with_the_shells_default_reference_linear_fails() -> None:
     lambda: chk.int8_matmul(stub),
     lambda: chk.int8_linear(stub),
     lambda: chk.quantize_model(stub),
+    lambda: chk.quantize_multiplier(stub),
+    lambda: chk.requantize(stub),
 ])
 def test_stubs_fail(run) -> None:
     with pytest.raises(CheckFailed, match=r"FAIL \w+: 0/\d+ cases passed"):
@@ -306,3 +315,48 @@ def test_int8_linear_module_validation_and_size() -> None:
     expected = (8 * 16 + 16 * 4) + 4 * (16 + 4) + 4 * (16 + 4) + 2 * (4 + 4)
     assert model_nbytes(qm) == expected
     assert model_nbytes(model) == 4 * (8 * 16 + 16 + 16 * 4 + 4)
+
+
+def _truncating(acc, m0, shift, zp):  # type: ignore[no-untyped-def]
+    return ((acc.to(torch.int64) * m0 >> (31 + shift)) + zp).clamp(-128, 127).to(torch.int8)
+
+
+def _half_to_even(acc, m0, shift, zp):  # type: ignore[no-untyped-def]
+    """Integer rounding, but ties to even (torch.round's rule)."""
+    prod = acc.to(torch.int64) * m0
+    total = 31 + shift
+    low, q = prod & ((1 << total) - 1), prod >> total  # floor division
+    half = 1 << (total - 1)
+    up = (low > half) | ((low == half) & (q % 2 == 1))
+    return (q + up.to(torch.int64) + zp).clamp(-128, 127).to(torch.int8)
+
+
+def _in_float(acc, m0, shift, zp):  # type: ignore[no-untyped-def]
+    real = (acc.double() * m0 * 2.0 ** -(31 + shift)).round() + zp
+    return real.clamp(-128, 127).to(torch.int8)
+
+
+@pytest.mark.parametrize(("fn", "why"), [
+    (_truncating, "half away from zero"), (_half_to_even, "half away from zero"),
+    (_in_float, "creates float64 tensors")], ids=["truncating", "half-to-even", "float"])
+def test_requantize_shortcuts_fail(fn, why: str) -> None:
+    with pytest.raises(CheckFailed, match=why):
+        chk.requantize(fn)
+
+
+def test_an_unnormalised_multiplier_fails() -> None:
+    with pytest.raises(CheckFailed, match="normalise M0"):
+        chk.quantize_multiplier(lambda real: (round(real * 2**31), 0))
+
+
+def test_requantize_reference_is_round_half_away_of_the_exact_product() -> None:
+    acc = torch.tensor([1, -1, 3, -3, 2**31 - 1, -2**31, 12345], dtype=torch.int32)
+    for real, zp in ((0.5, 0), (1e-9, 3), (0.0123, -128)):
+        m0, shift = quantize_multiplier(real)
+        assert 2**30 <= m0 < 2**31 and abs(m0 * 2.0 ** -(31 + shift) / real - 1) < 2**-30
+        exact = [int(a) * m0 / 2 ** (31 + shift) for a in acc.tolist()]
+        want = [max(-128, min(127, zp + int(abs(v) + 0.5) * (1 if v >= 0 else -1)))
+                for v in exact]
+        assert requantize(acc, m0, shift, zp).tolist() == want
+    with pytest.raises(ValueError, match="must lie in"):
+        quantize_multiplier(1.0)

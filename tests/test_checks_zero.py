@@ -1,6 +1,7 @@
-"""Lab 09 checks: the solution's ZeRO-1 passes on real processes; unsharded Adam, replicated
-Adam that reports half its state and ZeRO-1 that all-reduces fail, naming the rule; the
-formula checks accept the formulas and reject near misses."""
+"""Lab 09 checks: the solution's ZeRO-1 passes on real processes; an unsharded optimizer, a
+replicated one that reports half its state, ZeRO-1 that treats a missing gradient as zero and
+labsim's own reference fail, naming the rule; the formula checks accept the formulas and
+reject near misses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from labsim.checks import CheckFailed
 from labsim.checks import zero as z
-from labsim.parallel.zero import ZeroAdam
+from labsim.parallel.zero import ShardedOptimizer
 
 from .solution_cells import exercises
 
@@ -18,54 +19,63 @@ pytestmark = pytest.mark.multiprocess
 S = exercises("09_zero_fsdp")
 
 
-class UnshardedAdam(torch.optim.Adam):
+class Unsharded:
     """Each rank steps on its own gradients with the whole state: not data parallel."""
 
-    def __init__(self, params, lr):  # type: ignore[no-untyped-def]
-        super().__init__(params, lr=lr)
-
-    def state_tensors(self):  # type: ignore[no-untyped-def]
-        return [v for s in self.state.values() for k, v in s.items() if k != "step"]
-
-
-class ReplicatedAdam:
-    """Right numbers (all-reduce, full Adam on every rank) and half the state reported."""
-
-    def __init__(self, params, lr):  # type: ignore[no-untyped-def]
-        self.params = list(params)
-        self.adam = torch.optim.Adam(self.params, lr=lr)
+    def __init__(self, params, optimizer_cls, **kwargs):  # type: ignore[no-untyped-def]
+        self.opt = optimizer_cls(params, **kwargs)
 
     def zero_grad(self):  # type: ignore[no-untyped-def]
-        self.adam.zero_grad()
+        self.opt.zero_grad()
 
-    def state_tensors(self):  # type: ignore[no-untyped-def]
-        states = [v for s in self.adam.state.values() for k, v in s.items() if k != "step"]
-        return states[: len(states) // 2]
+    def step(self):  # type: ignore[no-untyped-def]
+        self.opt.step()
+
+
+class Replicated(Unsharded):
+    """Right numbers (all-reduce, the whole optimizer on every rank), no sharding."""
 
     @torch.no_grad()
     def step(self):  # type: ignore[no-untyped-def]
-        for p in self.params:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
-        self.adam.step()
+        for g in self.opt.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+        self.opt.step()
+
+
+class NoneAsZero(S["ShardedOptimizer"]):  # type: ignore[misc,valid-type]
+    """The solution, with a missing gradient taken as zero (a flat-shard shortcut)."""
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        super().step()
 
 
 def test_the_solution_passes_and_unsharded_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    z.sharded_adam(S["ShardedAdam"])
-    assert "PASS sharded_adam: 6/6" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match="FAIL sharded_adam"):
-        z.sharded_adam(UnshardedAdam)
+    z.sharded_optimizer(S["ShardedOptimizer"])
+    assert "PASS sharded_optimizer: 9/9" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="FAIL sharded_optimizer"):
+        z.sharded_optimizer(Unsharded)
+
+
+def test_a_missing_gradient_taken_as_zero_fails() -> None:
+    with pytest.raises(CheckFailed, match="FAIL sharded_optimizer"):
+        z.sharded_optimizer(NoneAsZero)
 
 
 @pytest.mark.parametrize(("cls", "rule"), [
-    (ReplicatedAdam, "reduce-scatters the gradients"),
-    (ZeroAdam, "calls labsim's own reference"),
+    (Replicated, "reduce-scatters the gradients"),
+    (ShardedOptimizer, "calls labsim's own reference"),
 ], ids=["replicated", "reference"])
 def test_shortcuts_of_zero1_score_zero(cls, rule: str) -> None:
     with pytest.raises(CheckFailed, match=rule) as info:
-        z.sharded_adam(cls)
-    assert "0/6 cases passed" in str(info.value)
+        z.sharded_optimizer(cls)
+    assert "0/9 cases passed" in str(info.value)
 
 
 def test_formula_checks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,4 +86,6 @@ def test_formula_checks(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(CheckFailed):  # ZeRO-2 sharding the weights too
         z.zero_memory(lambda p, dp, s: memory(p, dp, 3 if s == 2 else s))
     with pytest.raises(CheckFailed):  # forgetting the (N-1)/N
-        z.comm_volume(lambda p, n, s: (3 if s == 3 else 2) * p)
+        z.comm_volume(lambda p, n, s, k=1: (3 if s == 3 else 2) * p)
+    with pytest.raises(CheckFailed, match="micro-batch"):  # accumulation ignored (2 / 3 Psi)
+        z.comm_volume(lambda p, n, s, k=1: (3 if s == 3 else 2) * (n - 1) / n * p)

@@ -89,25 +89,21 @@ DDP_PER_PARAMETER = '''class BucketDDP(nn.Module):
     def finish_gradient_synchronization(self):
         pass
 '''
-ZERO_REPLICATED = '''class ShardedAdam:
-    def __init__(self, params, lr):
-        self.params = list(params)
-        self.adam = torch.optim.Adam(self.params, lr=lr)
+ZERO_REPLICATED = '''class ShardedOptimizer:
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.opt = optimizer_cls(params, **kwargs)
 
     def zero_grad(self):
-        self.adam.zero_grad()
-
-    def state_tensors(self):
-        states = [v for s in self.adam.state.values() for k, v in s.items() if k != "step"]
-        return states[: len(states) // 2]
+        self.opt.zero_grad()
 
     @torch.no_grad()
     def step(self):
-        for p in self.params:
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
-        self.adam.step()
+        for g in self.opt.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+        self.opt.step()
 '''
 TP_OPERATORS = '''class CopyToTP(torch.autograd.Function):
     @staticmethod
@@ -195,8 +191,8 @@ CORPUS = [
      {"library": ("ring_allreduce", RING_LIBRARY), "group": ("ring_allreduce", RING_GROUP)}),
     ("08_data_parallel", ["BucketDDP"], "bucketed_ddp",
      {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)}),
-    ("09_zero_fsdp", ["ShardedAdam"], "sharded_adam",
-     {"replicated": ("ShardedAdam", ZERO_REPLICATED)}),
+    ("09_zero_fsdp", ["ShardedOptimizer"], "sharded_optimizer",
+     {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)}),
     ("10_tensor_parallel", ["tp_mlp"], "parallel_mlp",
      {"whole_mlp": ("tp_mlp", TP_WHOLE_MLP), "reference": ("tp_mlp", TP_REFERENCE)}),
     ("11_pipeline_parallel", ["pipeline_step"], "pipeline_step",

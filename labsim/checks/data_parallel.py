@@ -172,17 +172,19 @@ whole batch, so 2 ranks on 2 shards train exactly like one process on the batch.
 # --------------------------------------------------------------------------------------
 # bucketed DDP
 
-SCENARIOS = [("one bucket per parameter", 1.0, False), ("600-byte buckets", 600.0, False),
-             ("one bucket for everything (launched at the end)", 1e9, False),
+SCENARIOS = [("one bucket per parameter", 1.0, "one"), ("600-byte buckets", 600.0, "one"),
+             ("one bucket for everything (launched at the end)", 1e9, "one"),
              ("two backward passes before finish (no no_sync), 600-byte buckets", 600.0,
-              True)]
+              "double"),
+             ("two backward passes, the first inside no_sync(), 600-byte buckets", 600.0,
+              "no_sync")]
 
 
 def _bucketed_cases() -> list[Case]:
     ref, ref2 = _serial(), _serial(accumulate=2)
     cases = []
-    for i, (name, _, double) in enumerate(SCENARIOS):
-        r = ref2 if double else ref
+    for i, (name, _, mode) in enumerate(SCENARIOS):
+        r = ref if mode == "one" else ref2
         cases.append(Case(f"{name}: final parameters equal the serial run", (i, "params"),
                           expected=r.params))
         cases.append(Case(f"{name}: losses equal, ranks identical", (i, "losses"),
@@ -216,7 +218,7 @@ def bucket_rule(case: Case, out: Outcome) -> str | None:
     """One all-reduce per bucket per step, of the bucket's size, launched during backward
     for every bucket whose gradients backward produces (see ``expected_buckets``)."""
     i = int(case.args[0])
-    _, cap, double = SCENARIOS[i]
+    _, cap, mode = SCENARIOS[i]
     buckets = expected_buckets(cap)
     want = sorted(n for n, _ in buckets)
     complete = sum(c for _, c in buckets)
@@ -225,14 +227,16 @@ def bucket_rule(case: Case, out: Outcome) -> str | None:
         during = sum(1 for m in seen.get("messages", [])
                      if m[0] == "c10d::allreduce_" and m[3])
         where = f"cap {cap:g} B, step {step + 1}"
-        if double:
+        if mode == "double":
             if len(sizes) > 2 * len(want) or not set(sizes) <= set(want):
                 return (f"{where}: all-reduces of {sizes[:8]} bytes; expected at most two per "
                         f"bucket, of the bucket sizes {want[:8]}")
             continue
         if sizes != want:
+            quiet = " (backward inside no_sync() launches nothing)" if mode == "no_sync" else ""
             return (f"{where}: {len(sizes)} all-reduce(s) of {sizes[:8]} bytes; the contract's "
-                    f"buckets are {len(want)} of {want[:8]} bytes (one all-reduce per bucket)")
+                    f"buckets are {len(want)} of {want[:8]} bytes (one all-reduce per bucket)"
+                    + quiet)
         if during < complete:
             return (f"{where}: {during} of the {complete} buckets whose gradients backward "
                     "produces were launched during backward; launch each from the gradient "
@@ -244,8 +248,10 @@ bucketed_ddp = Spec("bucketed_ddp", _bucketed_cases, drive=_bucketed_drive, comp
                     rules=(bucket_rule,), forbid=FORBID)
 """``cls(module, bucket_cap_bytes)`` wraps a model; gradient hooks launch each full bucket's
 all-reduce asynchronously during backward and ``finish_gradient_synchronization()`` waits
-before the optimizer step.  Tried with a bucket per parameter, a few buckets, one bucket for
-everything, and two backward passes before one synchronization."""
+before the optimizer step; inside ``no_sync()`` the hooks launch nothing.  Tried with a
+bucket per parameter, a few buckets, one bucket for everything, and two backward passes before
+one synchronization, without and with ``no_sync()`` around the first (with it, still one
+all-reduce per bucket per step)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -336,6 +342,15 @@ def _scaled_loss(model: nn.Module, tokens: torch.Tensor, k: int) -> torch.Tensor
     return lm_loss(model, tokens) / k
 
 
+def _backward(ddp: Any, loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+def _backward_quiet(ddp: Any, loss: torch.Tensor) -> None:
+    with ddp.no_sync():
+        loss.backward()
+
+
 def naive_worker(rank: int, world: int, sync: Callable, average: Callable,
                  forbid: Sequence[str] = ()) -> DdpRun | Outcome:
     """``sync(model)`` then SGD steps with ``average(model)`` after each backward."""
@@ -363,13 +378,14 @@ def naive_worker(rank: int, world: int, sync: Callable, average: Callable,
 
 
 def bucket_worker(rank: int, world: int, cls: Callable,
-                  scenarios: Sequence[tuple[float, bool]],
+                  scenarios: Sequence[tuple[float, str]],
                   forbid: Sequence[str] = ()) -> list[DdpRun | Outcome]:
-    """For each (cap, double): ``cls(model, cap)``, SGD steps with one backward (two, on two
-    halves of the shard, when ``double``) then ``finish_gradient_synchronization()`` before
-    each optimizer step; each step watched."""
+    """For each (cap, mode): ``cls(model, cap)``, SGD steps with one backward (``"one"``;
+    two, on two halves of the shard, for ``"double"``, the first inside ``ddp.no_sync()`` for
+    ``"no_sync"``) then ``finish_gradient_synchronization()`` before each optimizer step;
+    each step watched."""
     out: list[DdpRun | Outcome] = []
-    for cap, double in scenarios:
+    for cap, mode in scenarios:
         model = _model(rank)
         with watch(forbid, ops=False) as seen:
             ddp = _guard(cls, model, cap)
@@ -380,12 +396,14 @@ def bucket_worker(rank: int, world: int, cls: Callable,
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
         losses, steps, err = [], [], None
         for b in batches():
-            parts = shard(b, rank, world).chunk(2) if double else [shard(b, rank, world)]
+            parts = [shard(b, rank, world)] if mode == "one" else shard(b, rank, world).chunk(2)
             with watch(forbid) as seen:
                 total = 0.0
-                for part in parts:
+                for j, part in enumerate(parts):
                     loss = _guard(_scaled_loss, ddp, part, len(parts))
-                    err = loss if isinstance(loss, Outcome) else _guard(loss.backward)
+                    err = loss if isinstance(loss, Outcome) else _guard(
+                        _backward_quiet if mode == "no_sync" and j == 0 else _backward,
+                        ddp, loss)
                     if isinstance(err, Outcome):
                         break
                     total += float(loss.detach())

@@ -1,4 +1,5 @@
-"""Checks for the data-loading lab: timing a training loop, predicting the busy fraction.
+"""Checks for the data-loading lab: timing a training loop, predicting the busy fraction, an
+IterableDataset sharded across DataLoader workers (each item once: the duplicate-data bug).
 
 ``time_loop`` runs the learner's loop timer on scripted loaders with a fake clock, so every
 case is exact and instant: the loader advances the clock when it hands over a batch, the step
@@ -7,6 +8,7 @@ when it launches work, ``sync`` when it waits for an asynchronous device to fini
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -107,3 +109,71 @@ def _busy_fraction_cases() -> list[Case]:
 busy_fraction = Spec("busy_fraction", _busy_fraction_cases, compare=close(rtol=1e-6),
                      forbid=FORBID, ops=False)
 """``fn(num_workers, load_time_s, step_time_s)``: steady-state busy fraction of the GPU."""
+
+
+# --------------------------------------------------------------------------------------
+# an IterableDataset sharded across DataLoader workers
+
+SHARD_SETTINGS = [("no workers: the main process yields everything", 10, 0),
+                  ("one worker", 10, 1),
+                  ("two workers", 10, 2),
+                  ("three workers, 7 items (uneven shares)", 7, 3),
+                  ("more workers than items", 2, 3),
+                  ("an empty dataset", 0, 2)]
+
+
+def _tag(item: Any) -> tuple[int, Any]:
+    """collate_fn run inside the worker (batch_size=None): which worker produced ``item``."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return (-1 if info is None else info.id), item
+
+
+def stream_items(cls: Callable[[int], Any], n_items: int, num_workers: int) -> dict[str, Any]:
+    """Everything a real ``DataLoader(cls(n_items), num_workers=...)`` yields, items sorted
+    (duplicates kept), and how many items each worker produced."""
+    import multiprocessing as mp
+
+    from torch.utils.data import DataLoader
+
+    context = "fork" if num_workers and "fork" in mp.get_all_start_methods() else None
+    with warnings.catch_warnings():  # more workers than cores on purpose: PyTorch says so
+        warnings.filterwarnings("ignore", message=".*DataLoader will create", category=UserWarning)
+        loader = DataLoader(cls(n_items), batch_size=None, num_workers=num_workers,
+                            collate_fn=_tag, multiprocessing_context=context)
+        pairs = list(loader)
+    counts = [sum(1 for w, _ in pairs if w == k) for k in range(num_workers)]
+    items = sorted(int(x) for _, x in pairs)
+    return {"items": items, "balanced": max(counts, default=0) - min(counts, default=0) <= 1}
+
+
+def _shard_cases() -> list[Case]:
+    return [Case(name, args=(n, w), expected={"items": list(range(n)), "balanced": True})
+            for name, n, w in SHARD_SETTINGS]
+
+
+def _drive_shards(fns, cases, spec):  # noqa: ANN001, ANN202
+    return call_each([lambda n, w: stream_items(fns[0], n, w)], cases, spec)
+
+
+def _same_items(got: Any, expected: dict[str, Any]) -> str | None:
+    if not isinstance(got, dict) or set(got) != set(expected):
+        return f"expected a summary of what the loader yielded, got {got!r}"
+    items, want = got["items"], expected["items"]
+    if items != want:
+        dup = sorted({x for x in items if items.count(x) > 1})
+        lost = sorted(set(want) - set(items))
+        what = (f"items {dup[:6]} came more than once (every worker iterates the whole "
+                "dataset unless it takes its own share)" if dup else f"items {lost[:6]} never came")
+        return f"{len(items)} items for {len(want)}: {what}"
+    if not got["balanced"]:
+        return "one worker produced most items: split them evenly (worker w takes w, w + W, ...)"
+    return None
+
+
+sharded_stream = Spec("sharded_stream", _shard_cases, drive=_drive_shards,
+                      compare=_same_items, forbid=FORBID, ops=False)
+"""``cls(n_items)``: an ``IterableDataset`` of the ints ``0 .. n_items - 1``; through a real
+``DataLoader`` with 0 to 3 workers every item comes exactly once, the workers' shares within
+one item of each other."""

@@ -1,21 +1,31 @@
-"""ZeRO and FSDP on real processes: bytes each rank holds.
+"""ZeRO and FSDP on real processes: bytes each rank holds and bytes it sends.
 
-``bytes_worker`` (inside ``labsim.lab.launch`` workers) measures parameter, gradient and
-optimizer bytes per rank of one MLP under plain Adam, ``ZeroAdam`` (ZeRO-1) and FSDP2's
-``fully_shard`` (ZeRO-3), with the meters of ``labsim.lab.memory``.
+``bytes_worker`` (inside ``labsim.lab.launch`` workers) takes one MLP through a training step
+under data-parallel Adam (everything replicated, gradients all-reduced), ``ShardedOptimizer``
+around Adam (ZeRO-1), ``Zero3Linear`` layers (ZeRO-3 by hand) and FSDP2's ``fully_shard``
+(ZeRO-3), in fp32 and with a bf16 compute
+dtype (``MixedPrecisionPolicy``), and measures what each rank holds (``labsim.lab.memory``)
+and what its collectives move (``labsim.lab.comm.CommRecorder``, at the dispatcher).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from labsim.lab.comm import CommRecorder
 from labsim.lab.device import rank_device
 from labsim.lab.memory import grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
-from labsim.parallel.zero import ZeroAdam, fsdp_wrap
+from labsim.parallel.zero import ShardedOptimizer, fsdp_wrap, zero3_wrap
+
+SETUPS = ("data-parallel Adam", "ZeRO-1", "ZeRO-3 by hand", "FSDP2", "FSDP2, bf16 compute")
+# bytes a rank sends per byte of a collective's whole tensor on a ring of n ranks
+_RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n}
 
 
 def _mlp(width: int, depth: int) -> nn.Module:
@@ -25,37 +35,64 @@ def _mlp(width: int, depth: int) -> nn.Module:
 
 @dataclass(frozen=True)
 class RankBytes:
-    """Bytes one rank holds after a training step: parameters, gradients and optimizer state,
-    and the model's parameter count ``numel`` (Psi)."""
+    """What one rank holds after a training step -- parameters, gradients and optimizer state
+    in bytes -- the model's parameter count ``numel`` (Psi), and what its collectives moved:
+    ``sent_bytes`` the bytes a ring implementation sends per rank (all-reduce 2(n-1)/n of its
+    tensor, all-gather and reduce-scatter (n-1)/n), ``by_kind`` the whole tensors' bytes per
+    kind of collective."""
 
     params: int
     grads: int
     optimizer: int
     numel: int
+    sent_bytes: float = 0.0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def _wrap(name: str, model: nn.Module, world: int) -> nn.Module:
+    if name.startswith("FSDP2"):
+        policy = None
+        if "bf16" in name:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                          reduce_dtype=torch.float32)
+        return fsdp_wrap(model, world, mp_policy=policy)
+    if name == "ZeRO-3 by hand":
+        return zero3_wrap(model)
+    return model
 
 
 def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
                  batch: int = 8) -> dict[str, RankBytes]:
-    """Bytes per rank after one training step of an fp32 MLP under: plain DDP-style Adam
-    (everything replicated), ZeRO-1 (``ZeroAdam``) and FSDP2 (``fully_shard``, ZeRO-3).
-    Returns {setup: RankBytes} measured with ``labsim.lab.memory``
-    (DTensors counted by their local shard)."""
+    """One training step of an fp32 MLP per setup of ``SETUPS``; returns {setup: RankBytes}
+    (DTensors counted by their local shard).  The data-parallel run all-reduces its
+    gradients (what DDP would do); ZeRO-1 reduce-scatters them and all-gathers the updated
+    parameters; FSDP2 gathers every layer before its forward and again before its backward
+    and reduce-scatters its gradients."""
     device = rank_device()
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
     out: dict[str, RankBytes] = {}
-    for name in ("replicated Adam", "ZeRO-1", "FSDP2"):
+    for name in SETUPS:
         model = _mlp(width, depth).to(device)
         numel = sum(p.numel() for p in model.parameters())
-        if name == "FSDP2":
-            model = fsdp_wrap(model, world)
-        opt: Any = (ZeroAdam(model.parameters(), lr=1e-3) if name == "ZeRO-1"
-                    else torch.optim.Adam(model.parameters(), lr=1e-3))
-        model(x).square().mean().backward()
-        grads = grad_bytes(model)  # FSDP2: reduce-scattered shards; others: full gradients
-        opt.step()
-        state = (tensor_bytes(opt.state_tensors()) if name == "ZeRO-1"
-                 else optimizer_state_bytes(opt))
-        out[name] = RankBytes(param_bytes(model), grads, state, numel)
+        model = _wrap(name, model, world)
+        opt: Any = (ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
+                    if name == "ZeRO-1" else torch.optim.Adam(model.parameters(), lr=1e-3))
+        with CommRecorder() as rec:
+            model(x).float().square().mean().backward()
+            if name == SETUPS[0]:
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+            grads = grad_bytes(model)  # FSDP2: reduce-scattered shards; others: full ones
+            opt.step()
+        state = (tensor_bytes(t for t in opt.state_tensors() if t.ndim)
+                 if name == "ZeRO-1" else optimizer_state_bytes(opt))
+        by_kind: dict[str, int] = {}
+        for op in rec.comms:
+            if op.kind in _RING:
+                by_kind[op.kind] = by_kind.get(op.kind, 0) + op.nbytes
+        sent = sum(_RING[k](world) * v for k, v in by_kind.items())
+        out[name] = RankBytes(param_bytes(model), grads, state, numel, sent, by_kind)
     return out
-
-

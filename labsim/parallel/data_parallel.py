@@ -15,7 +15,9 @@ one process on the whole batch (up to float rounding), which is the oracle the l
   (``register_post_accumulate_grad_hook``) notes when its gradient is final and, when a
   bucket is full, launches that bucket's all-reduce asynchronously (``async_op=True``) while
   backward continues; ``finish_gradient_synchronization()`` waits for them before the optimizer
-  step.  ``no_sync()`` skips communication for gradient accumulation.
+  step.  ``no_sync()`` skips communication for gradient accumulation; without it, every
+  backward launches every bucket again (PyTorch DDP does the same) and the last launch carries
+  the local sum of all of them, so accumulation is right either way, at k times the traffic.
 
 Traps the checks' model carries (``TrapNet``): a frozen parameter (no gradient, must not be
 reduced), a parameter unused in forward (its gradient stays None: a bucket waiting for it would
@@ -182,9 +184,16 @@ class DataParallelBucket(nn.Module):
         bucket = self._where[id(p)]
         bucket.ready.add(id(p))
         if len(bucket.ready) == len(bucket.params):
+            bucket.ready.clear()  # a second backward before the sync launches it again
             self._launch(bucket)
 
     def _launch(self, bucket: _Bucket) -> None:
+        """All-reduce the bucket's current local gradients.  A bucket launched again (a second
+        backward before ``finish_gradient_synchronization``, without ``no_sync``) first waits
+        for its earlier all-reduce: ``.grad`` still holds the local sum of every backward so
+        far, so the latest launch carries all of them and the earlier result is dropped."""
+        if bucket.work is not None:
+            bucket.work.wait()
         flat = [p.grad.reshape(-1) if p.grad is not None else
                 torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in bucket.params]
         bucket.buffer = torch.cat(flat)

@@ -155,6 +155,41 @@ bus_bandwidth = Spec("bus_bandwidth", _bus_bandwidth_cases, compare=close(rtol=1
 """``fn(op, nbytes, n, time_s)``: nccl-tests busbw = S/t x factor(op, n)."""
 
 
+def _fit_rows(alpha_s: float, bandwidth_Bps: float, ranks: Sequence[int],
+              sizes: Sequence[float], noise: float = 0.0) -> list[tuple[float, int, float]]:
+    """Times of the alpha-beta ring at every (size, p), each scaled by a fixed factor in
+    [1 - noise, 1 + noise] (deterministic: the same rows every time)."""
+    rows = []
+    for i, (p, s) in enumerate((p, s) for p in ranks for s in sizes):
+        t = 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * s / bandwidth_Bps
+        rows.append((float(s), int(p), t * (1 + noise * math.sin(1.7 * i + 0.3))))
+    return rows
+
+
+def _fit_cases() -> list[Case]:
+    from labsim.checks.collectives.reference import fit_alpha_beta
+
+    grid = [2.0**k for k in range(10, 25, 2)]
+    specs = [("exact rows, p = 2 and 3: alpha and B come back", 20e-6, 1e9, (2, 3), grid, 0.0),
+             ("one world size is enough: the sizes separate alpha from B", 50e-6, 5e8, (2,),
+              grid, 0.0),
+             ("a fast network, p = 2, 4, 8", 5e-6, 2e10, (2, 4, 8), grid, 0.0),
+             ("10 % noise: the relative least-squares fit", 30e-6, 2e9, (2, 3), grid, 0.10),
+             ("noise, few points", 100e-6, 1e8, (2, 3), grid[::3], 0.05),
+             ("latency-bound sizes only, with noise", 80e-6, 3e9, (2, 3, 4), grid[:3], 0.03)]
+    cases = []
+    for name, alpha, bw, ranks, sizes, noise in specs:
+        rows = _fit_rows(alpha, bw, ranks, sizes, noise)
+        cases.append(Case(name, (rows,), expected=fit_alpha_beta(rows)))
+    return cases
+
+
+fit_alpha_beta = Spec("fit_alpha_beta", _fit_cases, compare=close(rtol=1e-6),
+                      forbid=("labsim.checks.collectives.reference:*",), ops=False)
+"""``fn(rows) -> (alpha_s, bandwidth_Bps)``: least squares of the ring's alpha-beta time on
+the relative error of measured ``(nbytes, p, seconds)`` rows."""
+
+
 def check_worker(rank: int, world: int, fn: AllReduce, sizes: Sequence[int],
                  dtypes: Sequence[str], forbid: Sequence[str] = ()) -> list[RingCase]:
     """Run the learner's ``fn`` on each (size, dtype) under the recorder and the tripwire.

@@ -57,3 +57,15 @@ def demo(rank: int, world: int) -> float:
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         x = x.cuda()
     return float((ring_allreduce(x.clone()) - torch_allreduce(x.clone())).abs().max())
+
+
+def fit_alpha_beta(rows: list[tuple[float, int, float]]) -> tuple[float, float]:
+    """Fit the ring's alpha-beta model ``t = 2(p-1) alpha + 2 (p-1)/p S / B`` to measured
+    ``(nbytes S, ranks p, seconds t)`` rows by least squares on the *relative* error (each row
+    divided by its t, so microsecond and millisecond points weigh alike).  Returns
+    ``(alpha_s, bandwidth_Bps)``."""
+    import numpy as np
+
+    a = np.array([[2 * (p - 1) / t, 2 * (p - 1) / p * s / t] for s, p, t in rows])
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones(len(rows)), rcond=None)
+    return float(alpha), float(1.0 / beta)

@@ -20,13 +20,15 @@ from torch import nn
 from labsim.checks._core import Case, Outcome, Spec, call_each, close, raises
 from labsim.checks._observe import passed_references
 from labsim.checks.quantization import reference as ref
+from labsim.checks.quantization.requantize import quantize_multiplier, requantize
 
 _R = "labsim.checks.quantization.reference"
 _SHELLS = ("Int8Linear",)
 _GIVEN_OBSERVERS = ("MinMaxObserver", "PercentileObserver")
 REFERENCES = tuple(f"{_R}:{n}" for n in (
     "affine_qparams", "quantize", "dequantize", "MinMaxObserver", "PercentileObserver",
-    "int8_matmul", "int8_linear", "quantize_weight", "quantize_model", "model_nbytes"))
+    "int8_matmul", "int8_linear", "quantize_weight", "quantize_model", "model_nbytes",
+    "quantize_multiplier", "requantize"))
 _TORCH_OBS = "torch.ao.quantization.observer"
 FORBID = (*REFERENCES, *(f"{_TORCH_OBS}:{n}" for n in (
     "MinMaxObserver", "PerChannelMinMaxObserver", "MovingAverageMinMaxObserver",

@@ -21,6 +21,7 @@ These are the solutions the checks (``labsim.checks.quantization``) compare agai
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -297,3 +298,30 @@ def model_nbytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer of ``model`` (what a checkpoint stores)."""
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """The real rescale ``M = x_scale * w_scale / y_scale`` of an integer-only layer as a
+    fixed-point int32 multiplier and a right shift (Jacob et al. 2018, section 2.2): ``M =
+    M0 * 2**-shift`` with ``M0`` in [0.5, 1) held as ``m0 = round(M0 * 2**31)`` in
+    [2**30, 2**31).  ``real`` must lie in (0, 1), as it does when the output's scale is wider
+    than the product of the input scales."""
+    if not 0.0 < real < 1.0:
+        raise ValueError(f"the real multiplier must lie in (0, 1), got {real!r}")
+    mantissa, exponent = math.frexp(real)  # real = mantissa * 2**exponent, mantissa in [0.5, 1)
+    m0, shift = round(mantissa * 2**31), -exponent
+    if m0 == 2**31:  # the mantissa rounded up to 1.0
+        m0, shift = m0 // 2, shift - 1
+    return m0, shift
+
+
+def requantize(acc: torch.Tensor, m0: int, shift: int, zero_point: int) -> torch.Tensor:
+    """int8 output codes ``clamp(zero_point + round(acc * m0 * 2**-(31 + shift)), -128, 127)``
+    from an int32 accumulator, in integers only: the product ``acc * m0`` fits in int64 (31 +
+    31 bits), one rounding, half away from zero.  (gemmlowp and TFLite round twice, a rounding
+    doubling high multiply then a rounding shift; the two differ by one code on rare ties.)"""
+    prod = acc.to(torch.int64) * int(m0)
+    total = 31 + int(shift)
+    magnitude = (prod.abs() + (1 << (total - 1))) >> total
+    q = torch.where(prod < 0, -magnitude, magnitude) + int(zero_point)
+    return q.clamp(QMIN, QMAX).to(torch.int8)
