@@ -101,11 +101,11 @@ def _not_done(probes: Sequence[Callable[[], Any]]) -> Outcome | None:
     return None
 
 
-def _launch(fn: Any, args: tuple, timeout_s: float = 120.0) -> Any:
+def _launch(fn: Any, args: tuple, title: str, timeout_s: float = 120.0) -> Any:
     from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
 
     try:
-        return launch(fn, NPROCS, args=args, timeout_s=timeout_s)
+        return launch(fn, NPROCS, args=args, timeout_s=timeout_s, progress=title)
     except (LaunchTimeout, WorkerError) as exc:
         return Outcome.of_error(exc)
 
@@ -149,7 +149,7 @@ def _naive_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec:
                  ) -> list[Outcome]:
     sync, average = fns
     stub = _not_done([lambda: sync(nn.Linear(1, 1)), lambda: average(nn.Linear(1, 1))])
-    ranks = stub or _launch(naive_worker, (sync, average, spec.forbid))
+    ranks = stub or _launch(naive_worker, (sync, average, spec.forbid), spec.title)
     if isinstance(ranks, Outcome):
         return [ranks] * len(cases)
     r0, r1 = ranks
@@ -197,7 +197,7 @@ def _bucketed_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], sp
     cls = fns[0]
     stub = _not_done([lambda: cls(nn.Linear(1, 1), 100.0)])
     ranks = stub or _launch(bucket_worker, (cls, [(c, d) for _, c, d in SCENARIOS],
-                                            spec.forbid))
+                                            spec.forbid), spec.title)
     if isinstance(ranks, Outcome):
         return [ranks] * len(cases)
     runs0, runs1 = ranks
@@ -278,7 +278,7 @@ def _accumulation_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case]
                         ) -> list[Outcome]:
     fn = fns[0]
     stub = _not_done([lambda: fn(None, None, [])])
-    ranks = stub or _launch(accumulate_worker, (fn, KS, spec.forbid))
+    ranks = stub or _launch(accumulate_worker, (fn, KS, spec.forbid), spec.title)
     if isinstance(ranks, Outcome):
         return [ranks] * len(cases)
     runs0 = dict(zip(KS, ranks[0]))

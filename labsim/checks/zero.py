@@ -164,7 +164,7 @@ def _sharded_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spe
     cls = fns[0]
     stub = _not_done([lambda: cls([], torch.optim.Adam, lr=0.1),
                       lambda: cls.step(object.__new__(cls))])  # a stub step raises at once
-    ranks = stub or _launch(zero1_worker, (cls, spec.forbid))
+    ranks = stub or _launch(zero1_worker, (cls, spec.forbid), spec.title)
     if isinstance(ranks, Outcome):
         return [ranks] * len(cases)
     runs0, runs1 = ranks

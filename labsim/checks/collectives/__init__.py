@@ -71,7 +71,7 @@ def _ring_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: 
     dtypes = [str(c.args[1]) for c in cases]
     try:
         result = launch(check_worker, nprocs, args=(fn, sizes, dtypes, spec.forbid),
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, progress=spec.title)
     except (LaunchTimeout, WorkerError) as exc:
         return [Outcome.of_error(exc)] * len(cases)
     outcomes = []
