@@ -33,6 +33,16 @@ def test_labs_00_01_solutions_pass_and_library_answers_do_not(capsys) -> None:  
             lambda n, stage, dp: labsim.training_memory(n, zero_stage=stage, dp=dp).model_states)
 
 
+def test_the_dropout_formula_without_dropout_fails() -> None:
+    # The cheapest answer: Korthikanti's sbh(16d + 2m) + as^2b(2d + m) for every m.  Without
+    # dropout it counts the softmax output twice (the dropout output *is* the softmax output).
+    def with_dropout_always(s, b, h, a, d=2, m=1):  # noqa: ANN001, ANN202
+        return s * b * h * (16 * d + 2 * m) + a * s * s * b * (2 * d + m)
+
+    with pytest.raises(CheckFailed, match="m=0"):
+        check.memory.layer_activation_bytes(with_dropout_always)
+
+
 # -- lab 02: the loss scaler must not be, wrap or run a GradScaler ----------------------------
 
 S2 = exercises("02_mixed_precision")
