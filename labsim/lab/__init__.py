@@ -8,7 +8,16 @@ Nothing here is an exercise's solution: references live beside their checks in
 """
 
 from labsim.lab.datasets import random_batch
-from labsim.lab.device import Timing, device_name, pick_device, synchronize, time_fn, torch_dtype
+from labsim.lab.device import (
+    Timing,
+    cpu_bf16_units,
+    cpu_cache_bytes,
+    device_name,
+    pick_device,
+    synchronize,
+    time_fn,
+    torch_dtype,
+)
 from labsim.lab.launcher import LaunchResult, LaunchTimeout, WorkerError, free_port, launch
 from labsim.lab.memory import (
     LiveBytes,
@@ -29,6 +38,8 @@ __all__ = [
     "MemoryMeter",
     "Timing",
     "WorkerError",
+    "cpu_bf16_units",
+    "cpu_cache_bytes",
     "device_name",
     "free_port",
     "grad_bytes",

@@ -134,3 +134,46 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[key]
 
 
+
+
+def cpu_cache_bytes(level: int = 3) -> int | None:
+    """Size in bytes of the CPU's level-``level`` cache as Linux reports it
+    (``/sys/devices/system/cpu/cpu0/cache/index*/``, the unified or data cache of that level);
+    None where the system does not say (macOS, Windows, some containers)."""
+    from pathlib import Path
+
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if size and size[-1] in units and size[:-1].isdigit():
+            return int(size[:-1]) * units[size[-1]]
+        if size.isdigit():
+            return int(size)
+    return None
+
+
+BF16_CPU_UNITS = {"avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16"}
+
+
+def cpu_bf16_units() -> list[str] | None:
+    """The bf16 arithmetic units this CPU reports (Linux ``/proc/cpuinfo`` flags
+    ``avx512_bf16``, ``amx_bf16``), by name; [] when it has none, None where the system does
+    not say.  Without them PyTorch runs a bf16 matmul by converting to fp32 in software."""
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    return [name for flag, name in BF16_CPU_UNITS.items() if flag in flags]
