@@ -85,6 +85,27 @@ def measure_step(
     )
 
 
+def step_flops(
+    forward: Callable[[nn.ModuleList, torch.Tensor, list[int]], torch.Tensor],
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    starts: list[int],
+) -> int:
+    """FLOPs one training step (forward, ``mean(out**2)``, backward) really executes with
+    ``forward(blocks, x, starts)``, recomputation included, counted op by op by
+    ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention; the
+    element-wise ops it leaves out are a few FLOPs per element).  Counting, not assuming,
+    matters: PyTorch's non-reentrant ``checkpoint`` stops recomputing once the tensors the
+    backward needs exist (``torch.utils.checkpoint``'s early stop), so a segment's last op is
+    not rerun."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        forward(blocks, x, starts).square().mean().backward()
+    blocks.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
 def block_bytes(width: int, tokens: int, bytes_per_element: int = 4) -> tuple[int, int]:
     """(bytes one ``ResidualBlock`` saves for backward, bytes of its input), by counting.
 
