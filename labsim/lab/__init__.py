@@ -16,6 +16,7 @@ from labsim.lab.device import (
     pick_device,
     synchronize,
     time_fn,
+    time_queued,
     torch_dtype,
 )
 from labsim.lab.launcher import LaunchResult, LaunchTimeout, WorkerError, free_port, launch
@@ -52,5 +53,6 @@ __all__ = [
     "synchronize",
     "tensor_bytes",
     "time_fn",
+    "time_queued",
     "torch_dtype",
 ]

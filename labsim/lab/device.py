@@ -115,6 +115,30 @@ def time_fn(
     return Timing(tuple(times))
 
 
+def time_queued(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    calls: int = 100,
+    warmup: int = 1,
+) -> float:
+    """Seconds per call of ``fn()`` issued ``calls`` times back to back with one
+    synchronisation at the end: the *throughput* of a queue of launches.  ``time_fn``
+    synchronises after every call and so measures each call's *latency*, launch and wait
+    included; on a GPU, where launches are queued while earlier kernels run, the two differ
+    whenever a kernel runs longer than its launch takes."""
+    if calls < 1:
+        raise ValueError("calls must be >= 1")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
     "fp32": torch.float32,
