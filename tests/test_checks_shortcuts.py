@@ -159,3 +159,90 @@ def test_sdpa_hidden_from_torch_function_is_still_sdpa(name: str) -> None:
     with pytest.raises(CheckFailed, match="write the attention yourself") as info:
         getattr(check.attention, name)(hidden_sdpa)
     assert " 0/" in str(info.value)
+
+
+# -- lab 04: FlashAttention-2 as an autograd.Function ------------------------------------------
+
+def _naive(q, k, v, causal):  # noqa: ANN001, ANN202
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n, m = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+class AutogradNaive:
+    """No Function at all: autograd through the naive code keeps the N x N matrices."""
+
+    @staticmethod
+    def apply(q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        return _naive(q, k, v, is_causal)
+
+
+class RecomputeEverything(torch.autograd.Function):
+    """Saves only Q, K, V, and backward re-runs the naive code under autograd: no L, and a
+    full N x N matrix in backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal = is_causal
+        return _naive(q, k, v, is_causal)
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = _naive(q, k, v, ctx.is_causal)
+        return (*torch.autograd.grad(out, (q, k, v), do), None)
+
+
+class FullMatrixBackward(S4["FlashAttention2"]):
+    """The solution's forward (saves L), but a backward that builds the whole P at once."""
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v, o, lse = ctx.saved_tensors
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if ctx.is_causal:
+            n, m = s.shape[-2:]
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+        p = torch.exp(s - lse.unsqueeze(-1))
+        dv = p.transpose(-1, -2) @ do
+        ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+        scale = 1 / math.sqrt(q.shape[-1])
+        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv, None
+
+
+class SdpaFunction(torch.autograd.Function):
+    """SDPA hidden from the torch-function log, forward and (recomputed) backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal = is_causal
+        return hidden_sdpa(q, k, v, is_causal)
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = hidden_sdpa(q, k, v, ctx.is_causal)
+        return (*torch.autograd.grad(out, (q, k, v), do), None)
+
+
+def test_the_flash_attention2_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.attention.flash_attention2(S4["FlashAttention2"])
+    assert capsys.readouterr().out.strip() == "PASS flash_attention2: 8/8 cases passed"
+
+
+@pytest.mark.parametrize(("cls", "why"), [
+    (AutogradNaive, "its forward saved"),
+    (RecomputeEverything, "logsumexp|tile"),
+    (FullMatrixBackward, "never the whole N x N matrix"),
+    (SdpaFunction, "write the attention yourself"),
+], ids=["autograd-through-naive", "recompute-without-L", "full-P-in-backward", "sdpa"])
+def test_flash_attention2_shortcuts_fail(cls, why: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match=why) as info:
+        check.attention.flash_attention2(cls)
+    assert " 0/8 cases passed" in str(info.value)
