@@ -246,3 +246,33 @@ def test_flash_attention2_shortcuts_fail(cls, why: str) -> None:  # noqa: ANN001
     with pytest.raises(CheckFailed, match=why) as info:
         check.attention.flash_attention2(cls)
     assert " 0/8 cases passed" in str(info.value)
+
+
+# -- lab 03: the selective-recomputation policy ------------------------------------------------
+
+def _policy(saved_ops):  # noqa: ANN001, ANN202
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def policy(ctx, op, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return CheckpointPolicy.MUST_SAVE if saved_ops is None or op in saved_ops else (
+            CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return policy
+
+
+def test_the_selective_policy_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.checkpointing.selective_policy(exercises("03_checkpointing")["selective_policy"])
+    assert capsys.readouterr().out.strip() == "PASS selective_policy: 5/5 cases passed"
+
+
+@pytest.mark.parametrize(("saved", "why"), [
+    (None, "s x s tensor"),  # save everything: no checkpointing at all
+    ((), "a linear layer is recomputed"),  # recompute everything: full checkpointing
+    (("mm", "addmm", "bmm"), "s x s tensor"),  # keep the attention scores too
+    (("addmm",), "a linear layer is recomputed"),  # forget the bias-free matmuls
+], ids=["save-all", "recompute-all", "save-scores", "addmm-only"])
+def test_selective_policy_shortcuts_fail(saved, why: str) -> None:  # noqa: ANN001
+    aten = torch.ops.aten
+    ops = None if saved is None else tuple(getattr(aten, n).default for n in saved)
+    with pytest.raises(CheckFailed, match=why):
+        check.checkpointing.selective_policy(_policy(ops))

@@ -12,15 +12,15 @@ import torch
 
 from labsim import Transformer
 from labsim.experiments.precision import (
-    PRECISION_MODES,
     AUTOCAST_LISTS,
+    PRECISION_MODES,
     accumulate,
     autocast_dtypes,
     autocast_lists,
-    gpt_saved_bytes,
     format_limits,
     fp16_gradient_underflow,
     gpt_activation_bytes,
+    gpt_saved_bytes,
     grad_scaler,
     matmul_flops_per_s,
     round_trip,

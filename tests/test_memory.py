@@ -193,7 +193,7 @@ def test_llama_7b_fp32_activations() -> None:
 
 def test_flash_keeps_the_log_sum_exp_instead_of_the_scores() -> None:
     m = Transformer.preset("gpt2-124m")
-    s, h, a = m.seq_len, m.hidden, m.heads
+    s, a = m.seq_len, m.heads
     flash = activation_per_layer(m, micro_batch=2, attention="flash")
     selective = activation_per_layer(m, micro_batch=2, recompute="selective")
     assert flash - selective == pytest.approx(4 * a * s * 2)

@@ -12,6 +12,7 @@ N scores per query, not an N x N mask).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -189,6 +190,21 @@ def _fa2_case(name: str, shape: tuple[int, ...], *, causal: bool, seed: int,
                 _fa2_reference(q, k, v, do, causal), tol)
 
 
+def _saved_recorder(saved: dict[int, int], rows: list[torch.Tensor], row_shape: torch.Size
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pack hook recording each saved storage's bytes, and copies of the saved tensors
+    with one value per query row (L's shape)."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        if t.shape in (row_shape, row_shape + (1,)):
+            rows.append(t.detach().reshape(row_shape).double().clone())
+        return t
+
+    return pack
+
+
 def _drive_fa2(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
     """Run ``cls.apply(q, k, v, is_causal)`` and its backward with ``dO`` on each case; record
     what its forward saved for backward (bytes, by storage) and the largest tensor created."""
@@ -202,13 +218,7 @@ def _drive_fa2(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
                        for i, t in enumerate(case.args))
         saved: dict[int, int] = {}
         rows: list[torch.Tensor] = []
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            saved[storage.data_ptr()] = storage.nbytes()
-            if t.shape in (q.shape[:-1], q.shape[:-1] + (1,)):
-                rows.append(t.detach().reshape(q.shape[:-1]).double().clone())
-            return t
+        pack = _saved_recorder(saved, rows, q.shape[:-1])
 
         with watch(spec.forbid, ops=spec.ops, functions=spec.names) as seen:
             try:
@@ -263,7 +273,7 @@ def _fa2_tiles_only(case: Case, out: Outcome) -> str | None:
 
 
 def _fa2_cases() -> list[Case]:
-    f64, f32, bf16 = torch.float64, torch.float32, torch.bfloat16
+    f32, bf16 = torch.float32, torch.bfloat16
     return [
         _fa2_case("one head, N=37, d=8", (37, 8), causal=False, seed=21),
         _fa2_case("causal, N=45, d=8", (45, 8), causal=True, seed=22),
