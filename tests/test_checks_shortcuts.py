@@ -276,3 +276,50 @@ def test_selective_policy_shortcuts_fail(saved, why: str) -> None:  # noqa: ANN0
     ops = None if saved is None else tuple(getattr(aten, n).default for n in saved)
     with pytest.raises(CheckFailed, match=why):
         check.checkpointing.selective_policy(_policy(ops))
+
+
+# -- lab 00: the benchmark timer ---------------------------------------------------------------
+
+def _timer(*, pre_sync: bool = True, post_sync: bool = True, warm: bool = True):  # noqa: ANN202
+    import time
+
+    def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        for _ in range(warmup if warm else 0):
+            fn()
+        times = []
+        for _ in range(repeat):
+            if pre_sync:
+                sync()
+            start = time.perf_counter()
+            fn()
+            if post_sync:
+                sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    return benchmark
+
+
+def test_the_timer_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.roofline.benchmark(exercises("00_why_gpus")["benchmark"])
+    assert capsys.readouterr().out.strip() == "PASS benchmark: 5/5 cases passed"
+
+
+@pytest.mark.parametrize(("timer", "why"), [
+    (_timer(post_sync=False, pre_sync=False), "before the device finished"),
+    (_timer(pre_sync=False), "includes earlier work"),
+    (_timer(warm=False), "warm up"),
+], ids=["no-sync", "no-sync-before-start", "no-warmup"])
+def test_timer_shortcuts_fail(timer, why: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match=why):
+        check.roofline.benchmark(timer)
+
+
+def test_a_timer_that_is_labsims_fails() -> None:
+    from labsim.lab import time_fn
+
+    def wrapped(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        return list(time_fn(fn, warmup=warmup, repeat=repeat).times_s)
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.roofline.benchmark(wrapped)

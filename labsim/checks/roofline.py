@@ -105,3 +105,70 @@ def _mlp_step_flops_cases() -> list[Case]:
 mlp_step_flops = Spec("mlp_step_flops", _mlp_step_flops_cases, compare=close(rtol=0), forbid=FORBID)
 """``fn(sizes, batch)`` = model FLOPs of one training step of an MLP with layer widths
 ``sizes`` (Linear(sizes[i], sizes[i+1]) for each i): 3 x forward = 6 * batch * sum(in*out)."""
+
+
+# -- the benchmark timer: warm-up, synchronisation, repeats -------------------------------
+
+def _benchmark_cases() -> list[Case]:
+    # (seconds of work per call, extra seconds on the very first call, warmup, repeat)
+    specs = [(0.02, 0.2, 1, 3), (0.01, 0.3, 2, 5), (0.03, 0.15, 1, 2), (0.005, 0.2, 3, 4),
+             (0.02, 0.0, 0, 3)]
+    return [Case(f"{job * 1e3:g} ms of queued work per call, first call +{first * 1e3:g} ms, "
+                 f"warmup={w}, repeat={r}", (job, first), {"warmup": w, "repeat": r},
+                 expected={"calls": w + r, "samples": r, "job_s": job}, compare=_timing_compare)
+            for job, first, w, r in specs]
+
+
+def _timing_compare(got: dict, expected: dict) -> str | None:
+    if got["calls"] != expected["calls"]:
+        return (f"fn was called {got['calls']} times; warmup + repeat = {expected['calls']}: "
+                "warm up (untimed) first, then time each of the repeats")
+    times = got["times"]
+    if not isinstance(times, list | tuple) or len(times) != expected["samples"]:
+        return f"returned {times!r}; return a list of {expected['samples']} times in seconds"
+    job = expected["job_s"]
+    for i, t in enumerate(times):
+        if not isinstance(t, int | float) or t < 0.8 * job:
+            return (f"sample {i} is {t!r} s for {job} s of queued work: the clock was read "
+                    "before the device finished: call sync() before reading it")
+        if t > job + 0.08:
+            return (f"sample {i} is {t:.3f} s for {job} s of work: it includes earlier work "
+                    "(the warm-up's, or the previous call's): sync() before starting the clock")
+    return None
+
+
+def _drive_benchmark(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+    from labsim.lab.device import AsyncQueue
+
+    outcomes = []
+    for case in cases:
+        job, first = case.args
+        device = AsyncQueue()
+        calls = [0]
+
+        def fn(device: AsyncQueue = device, calls: list[int] = calls, job: float = job,
+               first: float = first) -> None:
+            device.launch(job + (first if calls[0] == 0 else 0.0))
+            calls[0] += 1
+
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                times = fns[0](fn, sync=device.synchronize, **dict(case.kwargs))
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                device.close()
+                continue
+        device.close()
+        outcomes.append(plain_outcome({"times": list(times) if isinstance(times, list | tuple)
+                                       else times, "calls": calls[0]}, seen.summary()))
+    return outcomes
+
+
+benchmark = Spec("benchmark", _benchmark_cases, drive=_drive_benchmark,
+                 forbid=("labsim.lab.device:time_fn", "labsim.lab.device:time_queued"),
+                 ops=False)
+"""``fn(call, *, sync, warmup=1, repeat=5) -> list[float]``: ``warmup`` untimed calls, then
+``repeat`` timed ones, each with ``sync()`` before the clock starts and before it is read;
+checked on an ``AsyncQueue`` (a simulated asynchronous device) whose first call is slow."""

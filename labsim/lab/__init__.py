@@ -9,6 +9,7 @@ Nothing here is an exercise's solution: references live beside their checks in
 
 from labsim.lab.datasets import random_batch
 from labsim.lab.device import (
+    AsyncQueue,
     Timing,
     cpu_bf16_units,
     cpu_cache_bytes,
@@ -32,6 +33,7 @@ from labsim.lab.memory import (
 from labsim.lab.models import GPT
 
 __all__ = [
+    "AsyncQueue",
     "GPT",
     "LaunchResult",
     "LaunchTimeout",

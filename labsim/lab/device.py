@@ -139,6 +139,47 @@ def time_queued(
     return (time.perf_counter() - start) / calls
 
 
+class AsyncQueue:
+    """A stand-in for an asynchronous device, for a CPU: ``launch(seconds)`` queues that much
+    work on a worker thread and returns at once, as a CUDA kernel launch does; ``synchronize()``
+    waits until everything queued has run, as ``torch.cuda.synchronize()`` does.  A timer
+    that reads the clock without synchronising measures the launches, not the work."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._jobs: queue.Queue[float | None] = queue.Queue()
+        self.launches = 0
+        self.synchronizes = 0
+        self._worker = threading.Thread(target=self._run, daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            seconds = self._jobs.get()
+            if seconds is None:
+                self._jobs.task_done()
+                return
+            time.sleep(seconds)
+            self._jobs.task_done()
+
+    def launch(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self.launches += 1
+        self._jobs.put(seconds)
+
+    def synchronize(self) -> None:
+        self.synchronizes += 1
+        self._jobs.join()
+
+    def close(self) -> None:
+        """Stop the worker thread (after the queued work)."""
+        self._jobs.put(None)
+        self._worker.join()
+
+
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
     "fp32": torch.float32,
