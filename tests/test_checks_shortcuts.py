@@ -323,3 +323,11 @@ def test_a_timer_that_is_labsims_fails() -> None:
 
     with pytest.raises(CheckFailed, match=REFERENCE):
         check.roofline.benchmark(wrapped)
+
+
+def test_a_timer_that_raises_fails_with_its_error() -> None:
+    def broken(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        raise RuntimeError("no clock")
+
+    with pytest.raises(CheckFailed, match="no clock"):
+        check.roofline.benchmark(broken)

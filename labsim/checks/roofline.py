@@ -6,7 +6,9 @@ library cannot drift apart; the learner's functions must not call it (tripwired)
 
 from __future__ import annotations
 
-from labsim.checks._core import Case, Spec, close, raises
+from typing import Any
+
+from labsim.checks._core import Case, Outcome, Spec, close, raises
 from labsim.roofline import Roofline
 from labsim.roofline import matmul_bytes as _matmul_bytes
 from labsim.roofline import matmul_flops as _mm_flops
