@@ -331,3 +331,27 @@ def test_a_timer_that_raises_fails_with_its_error() -> None:
 
     with pytest.raises(CheckFailed, match="no clock"):
         check.roofline.benchmark(broken)
+
+
+# -- lab 02: a 16-bit running sum --------------------------------------------------------------
+
+def test_the_accumulate_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.precision.accumulate(S2["accumulate"])
+    assert capsys.readouterr().out.strip() == "PASS accumulate: 7/7 cases passed"
+
+
+@pytest.mark.parametrize("cheat", [
+    lambda value, times, dtype: float(torch.tensor(value * times).to(  # exact, cast at the end
+        {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype])),
+    lambda value, times, dtype: sum([value] * times),  # fp64 running sum
+], ids=["cast-at-the-end", "python-floats"])
+def test_a_sum_not_kept_in_16_bits_fails(cheat) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match="FAIL accumulate"):
+        check.precision.accumulate(cheat)
+
+
+def test_calling_labsims_accumulate_fails() -> None:
+    from labsim.experiments.precision import accumulate
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.precision.accumulate(accumulate)

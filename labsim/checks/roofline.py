@@ -121,21 +121,28 @@ def _benchmark_cases() -> list[Case]:
             for job, first, w, r in specs]
 
 
-def _timing_compare(got: dict, expected: dict) -> str | None:
-    if got["calls"] != expected["calls"]:
-        return (f"fn was called {got['calls']} times; warmup + repeat = {expected['calls']}: "
-                "warm up (untimed) first, then time each of the repeats")
-    times = got["times"]
-    if not isinstance(times, list | tuple) or len(times) != expected["samples"]:
-        return f"returned {times!r}; return a list of {expected['samples']} times in seconds"
-    job = expected["job_s"]
-    for i, t in enumerate(times):
+def _warmed_up(case: Case, out: Outcome) -> str | None:
+    if out.observed["calls"] != case.expected["calls"]:
+        return (f"fn was called {out.observed['calls']} times; warmup + repeat = "
+                f"{case.expected['calls']}: warm up (untimed) first, then time each repeat")
+    return None
+
+
+def _synchronised(case: Case, out: Outcome) -> str | None:
+    job, times = case.expected["job_s"], out.value
+    for i, t in enumerate(times if isinstance(times, list) else []):
         if not isinstance(t, int | float) or t < 0.8 * job:
             return (f"sample {i} is {t!r} s for {job} s of queued work: the clock was read "
                     "before the device finished: call sync() before reading it")
         if t > job + 0.08:
             return (f"sample {i} is {t:.3f} s for {job} s of work: it includes earlier work "
                     "(the warm-up's, or the previous call's): sync() before starting the clock")
+    return None
+
+
+def _timing_compare(got: Any, expected: dict) -> str | None:
+    if not isinstance(got, list) or len(got) != expected["samples"]:
+        return f"returned {got!r}; return a list of {expected['samples']} times in seconds"
     return None
 
 
@@ -163,12 +170,13 @@ def _drive_benchmark(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
                 device.close()
                 continue
         device.close()
-        outcomes.append(plain_outcome({"times": list(times) if isinstance(times, list | tuple)
-                                       else times, "calls": calls[0]}, seen.summary()))
+        value = list(times) if isinstance(times, list | tuple) else times
+        outcomes.append(plain_outcome(value, {**seen.summary(), "calls": calls[0]}))
     return outcomes
 
 
 benchmark = Spec("benchmark", _benchmark_cases, drive=_drive_benchmark,
+                 rules=(_warmed_up, _synchronised),
                  forbid=("labsim.lab.device:time_fn", "labsim.lab.device:time_queued"),
                  ops=False)
 """``fn(call, *, sync, warmup=1, repeat=5) -> list[float]``: ``warmup`` untimed calls, then
