@@ -22,6 +22,10 @@ Transformer Models"), Table 2, per layer with 16-bit values and 1-byte dropout m
 - selective recompute drops the ``5as/(ht)`` term (the s x s attention activations)
 - full recompute: ``2sbh`` (each layer keeps its input only)
 
+Without dropout the s x s term is ``2as^2b`` (the softmax output, kept once), a SwiGLU MLP
+keeps four f-wide tensors instead of two, and FlashAttention keeps an fp32 log-sum-exp per
+head and token instead of the s x s tensors (``activation_per_layer``).
+
 Under 1F1B the first of p pipeline stages holds p micro-batches of L/p layers = L layers'
 worth; interleaving with v virtual stages multiplies by ``1 + (p-1)/(p v)`` (Sec. 4.2.3).
 """
@@ -41,6 +45,7 @@ from labsim.workload import Transformer
 PRECISIONS = tuple(PRECISION_TABLE)
 OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
 RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("standard", "flash")
 
 _STATES = {"adam": 2, "sgd": 0, "sgd-momentum": 1}
 
@@ -206,18 +211,34 @@ def activation_per_layer(
     recompute: str = "none",
     dtype_bytes: float = 2,
     mask_bytes: float | None = None,
+    attention: str = "standard",
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
     With ``dtype_bytes=2`` (16-bit values) and ``mask_bytes=1`` (CUDA's byte dropout masks)
-    this is Table 2 exactly.  In general, with d = ``dtype_bytes`` and m = ``mask_bytes``,
-    ``34 sbh -> sbh(16d + 2m)`` and ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of
-    sbh, one of as^2b).  ``mask_bytes=None`` means 1 if ``model.dropout`` else 0.  PyTorch's
-    CPU dropout keeps its mask in the input's dtype (m = d).  The formula assumes the GPT
-    layer of the paper (4h GeLU MLP); for a SwiGLU MLP it is an approximation.
+    the GPT layer of the paper (4h GeLU MLP, dropout) is Table 2 exactly.  In general, with
+    d = ``dtype_bytes`` and m = ``mask_bytes``, ``34 sbh -> sbh(16d + 2m)`` and
+    ``5as^2b -> as^2b(2d + m)`` (three dropout masks: two of sbh, one of as^2b).
+
+    A model trained without dropout (``model.dropout`` False) keeps no masks, and its
+    attention keeps the softmax output once: the dropout output *is* the softmax output, so
+    the s x s term is ``d as^2b``, not ``2d as^2b``.  ``mask_bytes=None`` means 1 with
+    dropout; PyTorch's CPU dropout keeps its mask in the input's dtype (m = d).
+
+    A SwiGLU MLP, ``down(silu(gate) * up)``, keeps four tensors of width f: gate and up (the
+    first matrix's outputs), silu(gate) and the product (the two factors of the multiply and
+    the input of ``down``); a GeLU MLP keeps two (the first matrix's output and the GeLU's).
+    Grouped-query attention keeps narrower K and V.
+
+    ``attention="flash"`` (FlashAttention, Dao et al. 2022) keeps no s x s tensor: its
+    backward recomputes the probabilities from the fp32 per-row log-sum-exp, 4 bytes per
+    head and token (``as b``), and regenerates the dropout mask from the RNG state.
+    Measured against ``labsim.lab.MemoryMeter`` in tests/test_lab_models.py.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention={attention!r}; use one of {ATTENTION}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
         raise ValueError(f"micro_batch must be a positive integer, got {micro_batch!r}")
     if mask_bytes is None:
@@ -225,6 +246,11 @@ def activation_per_layer(
     if not dtype_bytes > 0 or not mask_bytes >= 0:
         raise ValueError(
             f"dtype_bytes must be > 0 and mask_bytes >= 0, got {dtype_bytes!r}, {mask_bytes!r}"
+        )
+    if mask_bytes and not model.dropout:
+        raise ValueError(
+            f"mask_bytes={mask_bytes!r} for a model trained without dropout: it keeps no "
+            "masks; build the Transformer with dropout=True or pass mask_bytes=0"
         )
     model.check_tp(tp)
     if sequence_parallel and tp == 1:
@@ -235,18 +261,23 @@ def activation_per_layer(
     if recompute == "full":
         return d * sbh  # the layer's input only: 2sbh in 16 bits
     # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), the
-    # two sbh dropout masks; split part: Q and K, V, projection input, the MLP's first-matrix
-    # output(s) and its activation's output.  For the GPT layer of the paper (K, V as wide as
-    # Q, a 4h GeLU MLP) the split part is 24 sbh; grouped-query attention stores narrower K
-    # and V, a SwiGLU MLP two first-matrix outputs (gate and up).
+    # two sbh dropout masks; split part: Q and K, V, projection input, and the MLP's f-wide
+    # tensors (2 for GeLU, 4 for SwiGLU).  For the GPT layer of the paper (K, V as wide as
+    # Q, a 4h GeLU MLP) the split part is 24 sbh.
     kv = model.kv_dim / h
     f = model.ffn_hidden / h
-    f_in = 2 * f if model.swiglu else f
+    mlp = 4 * f if model.swiglu else 2 * f
     replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
-    split = d * (2 + 2 * kv + f_in + f)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
+    split = d * (2 + 2 * kv + mlp)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
-    attention = 0.0 if recompute == "selective" else (2 * d + m) * a * s / (h * t)  # 5as/(ht)
-    return sbh * (linear + attention)
+    if attention == "flash":
+        scores = 4 * a / (h * t)  # fp32 log-sum-exp per head and token
+    elif recompute == "selective":
+        scores = 0.0
+    else:
+        per_score = 2 * d + m if model.dropout else d  # softmax out, mask, dropout out
+        scores = per_score * a * s / (h * t)  # 5as/(ht) for d = 2, m = 1
+    return sbh * (linear + scores)
 
 
 def activation_memory(
@@ -260,6 +291,7 @@ def activation_memory(
     virtual_stages: int = 1,
     dtype_bytes: float = 2,
     mask_bytes: float | None = None,
+    attention: str = "standard",
 ) -> float:
     """Activation bytes held at peak by the FIRST pipeline stage under 1F1B.
 
@@ -285,6 +317,7 @@ def activation_memory(
         recompute=recompute,
         dtype_bytes=dtype_bytes,
         mask_bytes=mask_bytes,
+        attention=attention,
     )
     factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
     return model.layers * per_layer * factor
@@ -320,13 +353,10 @@ def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreak
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
     chunks = plan.pp * v
-    recompute = plan.recompute
-    if plan.attention == "flash" and recompute == "none":
-        recompute = "selective"  # FlashAttention keeps no scores: the 5as/h term vanishes
     per_layer = activation_per_layer(
         model, micro_batch=plan.micro_batch, tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel, recompute=recompute,
-        dtype_bytes=prec.activation_bytes)
+        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
+        dtype_bytes=prec.activation_bytes, attention=plan.attention)
     activations = per_layer * (model.layers // chunks) * in_flight
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g)
                   for g in range(0, chunks, plan.pp)))

@@ -31,7 +31,8 @@ GOOD = {
     "gpt_params": lambda n, h, v, s: 12 * n * h * h + 13 * n * h + (v + s) * h + 2 * h,
     "model_state_bytes": _states,
     "layer_activation_bytes": lambda s, b, h, a, d=2, m=1: (
-        s * b * h * (16 * d + 2 * m) + a * s * s * b * (2 * d + m)),
+        s * b * h * (16 * d + 2 * m) + a * s * s * b * (2 * d + m) if m
+        else s * b * h * 16 * d + a * s * s * b * d),
     "zero_model_state_bytes": _zero,
 }
 BAD = {

@@ -35,6 +35,16 @@ def test_labs_00_01_solutions_pass_and_library_answers_do_not(capsys) -> None:  
             lambda n, stage, dp: labsim.training_memory(n, zero_stage=stage, dp=dp).model_states)
 
 
+def test_the_dropout_formula_without_dropout_fails() -> None:
+    # The cheapest answer: Korthikanti's sbh(16d + 2m) + as^2b(2d + m) for every m.  Without
+    # dropout it counts the softmax output twice (the dropout output *is* the softmax output).
+    def with_dropout_always(s, b, h, a, d=2, m=1):  # noqa: ANN001, ANN202
+        return s * b * h * (16 * d + 2 * m) + a * s * s * b * (2 * d + m)
+
+    with pytest.raises(CheckFailed, match="m=0"):
+        check.memory.layer_activation_bytes(with_dropout_always)
+
+
 # -- lab 02: the loss scaler must not be, wrap or run a GradScaler ----------------------------
 
 S2 = exercises("02_mixed_precision")
@@ -215,3 +225,199 @@ def test_lab_11_solutions_pass_and_gpipe_over_chunks_does_not(capsys) -> None:  
     with pytest.raises(CheckFailed, match="(?s)0/7.*breaks a rule of this exercise: "
                        "interleaved 1F1B holds no more"):
         pp.interleaved(gpipe_over_chunks)
+
+
+# -- lab 04: FlashAttention-2 as an autograd.Function ------------------------------------------
+
+def _naive(q, k, v, causal):  # noqa: ANN001, ANN202
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n, m = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+class AutogradNaive:
+    """No Function at all: autograd through the naive code keeps the N x N matrices."""
+
+    @staticmethod
+    def apply(q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        return _naive(q, k, v, is_causal)
+
+
+class RecomputeEverything(torch.autograd.Function):
+    """Saves only Q, K, V, and backward re-runs the naive code under autograd: no L, and a
+    full N x N matrix in backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal = is_causal
+        return _naive(q, k, v, is_causal)
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = _naive(q, k, v, ctx.is_causal)
+        return (*torch.autograd.grad(out, (q, k, v), do), None)
+
+
+class FullMatrixBackward(S4["FlashAttention2"]):
+    """The solution's forward (saves L), but a backward that builds the whole P at once."""
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v, o, lse = ctx.saved_tensors
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if ctx.is_causal:
+            n, m = s.shape[-2:]
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), -math.inf)
+        p = torch.exp(s - lse.unsqueeze(-1))
+        dv = p.transpose(-1, -2) @ do
+        ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+        scale = 1 / math.sqrt(q.shape[-1])
+        return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv, None
+
+
+class SdpaFunction(torch.autograd.Function):
+    """SDPA hidden from the torch-function log, forward and (recomputed) backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(q, k, v)
+        ctx.is_causal = is_causal
+        return hidden_sdpa(q, k, v, is_causal)
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v = (t.detach().requires_grad_() for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = hidden_sdpa(q, k, v, ctx.is_causal)
+        return (*torch.autograd.grad(out, (q, k, v), do), None)
+
+
+def test_the_flash_attention2_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.attention.flash_attention2(S4["FlashAttention2"])
+    assert capsys.readouterr().out.strip() == "PASS flash_attention2: 8/8 cases passed"
+
+
+@pytest.mark.parametrize(("cls", "why"), [
+    (AutogradNaive, "its forward saved"),
+    (RecomputeEverything, "logsumexp|tile"),
+    (FullMatrixBackward, "never the whole N x N matrix"),
+    (SdpaFunction, "write the attention yourself"),
+], ids=["autograd-through-naive", "recompute-without-L", "full-P-in-backward", "sdpa"])
+def test_flash_attention2_shortcuts_fail(cls, why: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match=why) as info:
+        check.attention.flash_attention2(cls)
+    assert " 0/8 cases passed" in str(info.value)
+
+
+# -- lab 03: the selective-recomputation policy ------------------------------------------------
+
+def _policy(saved_ops):  # noqa: ANN001, ANN202
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def policy(ctx, op, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return CheckpointPolicy.MUST_SAVE if saved_ops is None or op in saved_ops else (
+            CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return policy
+
+
+def test_the_selective_policy_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.checkpointing.selective_policy(exercises("03_checkpointing")["selective_policy"])
+    assert capsys.readouterr().out.strip() == "PASS selective_policy: 5/5 cases passed"
+
+
+@pytest.mark.parametrize(("saved", "why"), [
+    (None, "s x s tensor"),  # save everything: no checkpointing at all
+    ((), "a linear layer is recomputed"),  # recompute everything: full checkpointing
+    (("mm", "addmm", "bmm"), "s x s tensor"),  # keep the attention scores too
+    (("addmm",), "a linear layer is recomputed"),  # forget the bias-free matmuls
+], ids=["save-all", "recompute-all", "save-scores", "addmm-only"])
+def test_selective_policy_shortcuts_fail(saved, why: str) -> None:  # noqa: ANN001
+    aten = torch.ops.aten
+    ops = None if saved is None else tuple(getattr(aten, n).default for n in saved)
+    with pytest.raises(CheckFailed, match=why):
+        check.checkpointing.selective_policy(_policy(ops))
+
+
+# -- lab 00: the benchmark timer ---------------------------------------------------------------
+
+def _timer(*, pre_sync: bool = True, post_sync: bool = True, warm: bool = True):  # noqa: ANN202
+    import time
+
+    def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        for _ in range(warmup if warm else 0):
+            fn()
+        times = []
+        for _ in range(repeat):
+            if pre_sync:
+                sync()
+            start = time.perf_counter()
+            fn()
+            if post_sync:
+                sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    return benchmark
+
+
+def test_the_timer_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.roofline.benchmark(exercises("00_why_gpus")["benchmark"])
+    assert capsys.readouterr().out.strip() == "PASS benchmark: 5/5 cases passed"
+
+
+@pytest.mark.parametrize(("timer", "why"), [
+    (_timer(post_sync=False, pre_sync=False), "before the device finished"),
+    (_timer(pre_sync=False), "includes earlier work"),
+    (_timer(warm=False), "warm up"),
+], ids=["no-sync", "no-sync-before-start", "no-warmup"])
+def test_timer_shortcuts_fail(timer, why: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match=why):
+        check.roofline.benchmark(timer)
+
+
+def test_a_timer_that_is_labsims_fails() -> None:
+    from labsim.lab import time_fn
+
+    def wrapped(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        return list(time_fn(fn, warmup=warmup, repeat=repeat).times_s)
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.roofline.benchmark(wrapped)
+
+
+def test_a_timer_that_raises_fails_with_its_error() -> None:
+    def broken(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+        raise RuntimeError("no clock")
+
+    with pytest.raises(CheckFailed, match="no clock"):
+        check.roofline.benchmark(broken)
+
+
+# -- lab 02: a 16-bit running sum --------------------------------------------------------------
+
+def test_the_accumulate_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.precision.accumulate(S2["accumulate"])
+    assert capsys.readouterr().out.strip() == "PASS accumulate: 7/7 cases passed"
+
+
+@pytest.mark.parametrize("cheat", [
+    lambda value, times, dtype: float(torch.tensor(value * times).to(  # exact, cast at the end
+        {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype])),
+    lambda value, times, dtype: sum([value] * times),  # fp64 running sum
+], ids=["cast-at-the-end", "python-floats"])
+def test_a_sum_not_kept_in_16_bits_fails(cheat) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match="FAIL accumulate"):
+        check.precision.accumulate(cheat)
+
+
+def test_calling_labsims_accumulate_fails() -> None:
+    from labsim.experiments.precision import accumulate
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.precision.accumulate(accumulate)

@@ -32,3 +32,11 @@ def test_per_block_softmax_is_exact_only_with_one_block() -> None:
     assert torch.allclose(one_block, exact, atol=1e-12)
     four_blocks = per_block_softmax_attention(q, k, v, block=10)
     assert (four_blocks - exact).abs().max() > 0.1
+
+
+def test_flash_and_standard_attention_train_alike() -> None:
+    from labsim.experiments.attention import flash_loss_curves
+
+    curves = flash_loss_curves(steps=12)
+    assert curves["flash"][-1] < curves["flash"][0] - 0.5  # it learns
+    assert max(abs(a - b) for a, b in zip(curves["flash"], curves["standard"])) < 1e-3

@@ -35,3 +35,16 @@ def test_p_zero_keeps_everything_and_bad_p_fails() -> None:
         bias_gelu_dropout_residual(inp.x, inp.bias, inp.residual, inp.keep, 1.0)
     with pytest.raises(ValueError):
         chain_inputs(0, 3)
+
+
+@pytest.mark.slow
+def test_compile_keeps_the_generated_kernel() -> None:
+    from labsim.experiments.fusion import compile_and_time
+
+    inp = chain_inputs(8, 32, p=0.1)
+    compiled = compile_and_time(bias_gelu_dropout_residual, *inp.args, dynamic=True)
+    (kernel,) = compiled.kernels()  # one fused kernel for the whole chain
+    assert "fused" in kernel and "gelu" in kernel
+    assert "out_ptr0" in compiled.kernel_source(kernel) or "out_ptr0" in compiled.code[0]
+    with pytest.raises(ValueError, match="no kernel"):
+        compiled.kernel_source("cpp_fused_nothing")

@@ -12,11 +12,15 @@ import torch
 
 from labsim import Transformer
 from labsim.experiments.precision import (
+    AUTOCAST_LISTS,
     PRECISION_MODES,
+    accumulate,
     autocast_dtypes,
+    autocast_lists,
     format_limits,
     fp16_gradient_underflow,
     gpt_activation_bytes,
+    gpt_saved_bytes,
     grad_scaler,
     matmul_flops_per_s,
     round_trip,
@@ -104,6 +108,24 @@ def test_matmuls_go_low_losses_stay_fp32():
     assert autocast_dtypes("fp16")["linear"] == "float16"
 
 
+def test_cpu_autocast_leaves_softmax_and_layer_norm_alone():
+    got = autocast_lists("bf16", "cpu")
+    assert got["linear"] == got["matmul"] == AUTOCAST_LISTS[0]
+    assert got["mse_loss"] == got["cross_entropy"] == AUTOCAST_LISTS[1]
+    assert got["softmax"] == got["layer_norm"] == got["relu"] == AUTOCAST_LISTS[2]
+
+
+def test_autocast_keeps_a_low_precision_copy_of_every_linear_weight():
+    cfg = Transformer(layers=1, hidden=32, heads=2, seq_len=16, vocab=64)
+    model = GPT(cfg)
+    idx, _ = random_batch(cfg, batch=2)
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    _, copies = gpt_saved_bytes(model, idx, "autocast-bf16")
+    # qkv, proj, up, down and the output layer (tied to the word embedding), 2 B each
+    assert copies == 2 * sum(w.numel() for w in weights.values())
+    assert gpt_saved_bytes(model, idx, "fp32")[1] == 0
+
+
 def test_pure_bf16_halves_activations_autocast_saves_less():
     cfg = Transformer(layers=1, hidden=32, heads=2, seq_len=16, vocab=64)
     model = GPT(cfg)
@@ -119,3 +141,9 @@ def test_pure_bf16_halves_activations_autocast_saves_less():
 
 def test_matmul_rate_is_positive():
     assert matmul_flops_per_s(32, "fp32", max_seconds=0.5) > 0
+
+
+def test_sixteen_bit_sums_stall():
+    assert accumulate(0.01, 1000, "fp32") == pytest.approx(10.0, rel=1e-4)
+    assert accumulate(0.01, 1000, "bf16") == 4.0  # spacing 2**-5 at 4: half of it > 0.01
+    assert 9.0 < accumulate(0.01, 1000, "fp16") < 10.0

@@ -70,6 +70,30 @@ CHECKPOINT_REFERENCE = '''from labsim.checks.checkpointing import forward_segmen
 def checkpointed_forward(blocks, x, starts):
     return forward_segments(blocks, x, starts)
 '''
+TIMER_UNSYNCED = '''import time
+def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+'''
+SAVE_EVERYTHING = '''from torch.utils.checkpoint import CheckpointPolicy
+def selective_policy(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE
+'''
+FA2_AUTOGRAD_NAIVE = '''class FlashAttention2:
+    @staticmethod
+    def apply(q, k, v, is_causal=False):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if is_causal:
+            n, m = s.shape[-2:]
+            s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), float("-inf"))
+        return torch.softmax(s, -1) @ v
+'''
 DDP_PER_PARAMETER = '''class BucketDDP(nn.Module):
     def __init__(self, module, bucket_cap_bytes):
         super().__init__()
@@ -179,6 +203,11 @@ CORPUS = [
     ("00_why_gpus", ["matmul_flops"], "matmul_flops",
      {"reference": ("matmul_flops", MATMUL_REFERENCE),
       "table": ("matmul_flops", MATMUL_TABLE)}),
+    ("00_why_gpus", ["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
+    ("03_checkpointing", ["selective_policy"], "selective_policy",
+     {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
+    ("04_flash_attention", ["FlashAttention2"], "flash_attention2",
+     {"autograd_naive": ("FlashAttention2", FA2_AUTOGRAD_NAIVE)}),
     ("02_mixed_precision", ["DynamicLossScaler"], "loss_scaler",
      {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)}),
     ("03_checkpointing", ["checkpointed_forward"], "checkpointed_forward",
@@ -206,28 +235,29 @@ CORPUS = [
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("labs")
-    rows: dict[tuple[str, str], dict] = {}
-    for stem, names, _, attacks in CORPUS:
-        lab = minilab.mini_lab(root / stem, stem, names)
+    rows: dict[tuple[str, str, str], dict] = {}
+    for stem, names, column, attacks in CORPUS:
+        here = root / f"{stem}-{column}"
+        lab = minilab.mini_lab(here, stem, names)
         subs = {"solution": minilab.submission(
-            lab, root / stem / "subs" / "solution.ipynb",
+            lab, here / "subs" / "solution.ipynb",
             **{n: minilab.solution_source(stem, n) for n in names})}
         for attack, (name, source) in attacks.items():
-            subs[attack] = minilab.submission(lab, root / stem / "subs" / f"{attack}.ipynb",
+            subs[attack] = minilab.submission(lab, here / "subs" / f"{attack}.ipynb",
                                               **{name: source})
-        out = root / stem / "grades.csv"
+        out = here / "grades.csv"
         assert main(["grade", "--lab", str(lab), *map(str, subs.values()), "--out", str(out),
                      "--jobs", "2", "--timeout-cell", "240", "--timeout-notebook", "400"]) == 0
         for r in csv.DictReader(io.StringIO(out.read_text())):
-            rows[(stem, Path(r["submission"]).stem)] = r
+            rows[(stem, column, Path(r["submission"]).stem)] = r
     return rows
 
 
 @pytest.mark.parametrize(("stem", "column"), [(s, c) for s, _, c, _ in CORPUS],
-                         ids=[s for s, *_ in CORPUS])
+                         ids=[f"{s}-{c}" for s, _, c, _ in CORPUS])
 def test_the_solution_beside_the_attacks_earns_full_marks(graded: dict, stem: str,
                                                           column: str) -> None:
-    r = graded[(stem, "solution")]
+    r = graded[(stem, column, "solution")]
     assert (r["status"], r[column], r["total"] == r["max"], r["review"]) == (
         "ok", r["max"], True, ""), r
 
@@ -237,6 +267,6 @@ def test_the_solution_beside_the_attacks_earns_full_marks(graded: dict, stem: st
                          ids=[f"{s}-{a}" for s, _, _, attacks in CORPUS for a in attacks])
 def test_a_shortcut_scores_zero_and_is_named_for_review(graded: dict, stem: str, column: str,
                                                         attack: str) -> None:
-    r = graded[(stem, attack)]
+    r = graded[(stem, column, attack)]
     assert r[column] == "0", r
     assert column in r["review"] or "exercise cell calls" in r["review"], r

@@ -50,15 +50,24 @@ def test_flash_equals_written_out_attention() -> None:
     torch.testing.assert_close(a(idx)[0], b(idx)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_block_activations_match_korthikanti() -> None:
+@pytest.mark.parametrize("swiglu", [False, True], ids=["gelu", "swiglu"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("flash", [False, True], ids=["scores", "flash"])
+def test_block_activations_match_the_formula(swiglu: bool, dropout: float, flash: bool) -> None:
     # fp32 on the CPU: values d = 4 bytes, and the CPU dropout keeps float masks (m = 4).
     # The only extra tensors are LayerNorm's mean and 1/std (2 x fp32 per token per norm).
-    cfg = Transformer(2, 128, 4, 64, 100)
-    block = Block(cfg, dropout=0.1).train()
+    if flash and dropout:
+        pytest.skip("PyTorch's CPU flash kernel has no dropout (sdp_utils_cpp.cpp, "
+                    "check_for_dropout): SDPA falls back to the math path")
+    mlp = {"swiglu": True, "ffn_hidden": 344, "bias": False} if swiglu else {}
+    cfg = Transformer(1, 128, 4, 64, 100, dropout=dropout > 0, **mlp)
+    block = Block(cfg, dropout=dropout, flash=flash).train()
     s, b = cfg.seq_len, 3
     with MemoryMeter(block) as meter:
         block(torch.randn(b, s, cfg.hidden))
-    formula = activation_per_layer(cfg, micro_batch=b, dtype_bytes=4, mask_bytes=4)
+    formula = activation_per_layer(cfg, micro_batch=b, dtype_bytes=4,
+                                   mask_bytes=4 if dropout else 0,
+                                   attention="flash" if flash else "standard")
     assert meter.saved_bytes == formula + 2 * 2 * 4 * s * b
 
 

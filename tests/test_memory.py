@@ -173,12 +173,32 @@ def test_dropout_free_models_keep_no_masks() -> None:
     llama = Transformer.preset("llama2-7b")
     assert not llama.dropout
     s, h, a, f = llama.seq_len, llama.hidden, llama.heads, llama.ffn_hidden
-    # SwiGLU keeps gate and up outputs (2f) and the activation's output (f); K, V as wide as Q
-    split = 2 * (2 * h + 2 * h + 2 * f + f)
+    # SwiGLU keeps gate, up, silu(gate) and their product (4f); K, V as wide as Q; without
+    # dropout the softmax output is kept once (2 bytes per score), not twice
+    split = 2 * (2 * h + 2 * h + 4 * f)
     assert activation_per_layer(llama, micro_batch=1) == pytest.approx(
-        s * (8 * h + split) + a * s * s * 4)
-    assert activation_per_layer(llama, micro_batch=1, mask_bytes=1) == pytest.approx(
-        s * (10 * h + split) + 5 * a * s * s)
+        s * (8 * h + split) + a * s * s * 2)
+    with pytest.raises(ValueError, match="without dropout"):
+        activation_per_layer(llama, micro_batch=1, mask_bytes=1)
+
+
+def test_llama_7b_fp32_activations() -> None:
+    # One 2048-token sequence in fp32: ~20 GB with FlashAttention, ~37 GB with the scores
+    llama = Transformer.preset("llama-7b")
+    flash = activation_memory(llama, micro_batch=1, dtype_bytes=4, attention="flash")
+    stored = activation_memory(llama, micro_batch=1, dtype_bytes=4)
+    assert flash == pytest.approx(20.2e9, rel=0.01)
+    assert stored == pytest.approx(37.4e9, rel=0.01)
+
+
+def test_flash_keeps_the_log_sum_exp_instead_of_the_scores() -> None:
+    m = Transformer.preset("gpt2-124m")
+    s, a = m.seq_len, m.heads
+    flash = activation_per_layer(m, micro_batch=2, attention="flash")
+    selective = activation_per_layer(m, micro_batch=2, recompute="selective")
+    assert flash - selective == pytest.approx(4 * a * s * 2)
+    with pytest.raises(ValueError, match="attention"):
+        activation_per_layer(m, micro_batch=1, attention="sparse")
 
 
 def test_grouped_query_attention_keeps_narrower_k_and_v() -> None:

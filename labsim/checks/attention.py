@@ -12,6 +12,7 @@ N scores per query, not an N x N mask).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -151,3 +152,149 @@ def _standard_traffic_cases() -> list[Case]:
 standard_traffic = Spec("standard_traffic", _standard_traffic_cases, compare=close(1e-9),
                         forbid=FORBID, ops=False)
 """``fn(seq_len, head_dim, bytes_per_element)``: HBM bytes of Dao 2022 Algorithm 0."""
+
+
+# -- FlashAttention-2 forward and backward as a torch.autograd.Function -----------------------
+
+FA2_TILE = 128  # the largest tile side a learner's kernel may use
+
+
+def _fa2_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                   causal: bool) -> tuple[torch.Tensor, ...]:
+    """(O, dQ, dK, dV) in float64 by autograd through SDPA's math (the oracle)."""
+    q, k, v = (t.detach().double().clone().requires_grad_() for t in (q, k, v))
+    out = _sdpa(q, k, v, causal)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do.double())
+    return out.detach(), dq, dk, dv
+
+
+def logsumexp_rows(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
+    """L = logsumexp over keys of Q K^T / sqrt(d), per query row, in float64: what
+    FlashAttention saves for backward (Dao 2023, Algorithm 1)."""
+    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n, m = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(n, m, dtype=torch.bool).tril(), float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def _fa2_case(name: str, shape: tuple[int, ...], *, causal: bool, seed: int,
+              n_kv: int | None = None, scale: float = 1.0,
+              dtype: torch.dtype = torch.float64) -> Case:
+    q, k, v = _qkv(shape, n_kv, seed=seed, scale=scale, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    do = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(dtype)
+    tol = close(1e-9, 1e-11) if dtype == torch.float64 else (
+        close(2e-3, 2e-4) if dtype == torch.float32 else close(6e-2, 6e-2))
+    return Case(name, (q, k, v, do), {"is_causal": causal},
+                _fa2_reference(q, k, v, do, causal), tol)
+
+
+def _saved_recorder(saved: dict[int, int], rows: list[torch.Tensor], row_shape: torch.Size
+                    ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A pack hook recording each saved storage's bytes, and copies of the saved tensors
+    with one value per query row (L's shape)."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        if t.shape in (row_shape, row_shape + (1,)):
+            rows.append(t.detach().reshape(row_shape).double().clone())
+        return t
+
+    return pack
+
+
+def _drive_fa2(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    """Run ``cls.apply(q, k, v, is_causal)`` and its backward with ``dO`` on each case; record
+    what its forward saved for backward (bytes, by storage) and the largest tensor created."""
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+
+    cls = fns[0]
+    outcomes = []
+    for case in cases:
+        q, k, v, do = (t.detach().clone().requires_grad_(i < 3)
+                       for i, t in enumerate(case.args))
+        saved: dict[int, int] = {}
+        rows: list[torch.Tensor] = []
+        pack = _saved_recorder(saved, rows, q.shape[:-1])
+
+        with watch(spec.forbid, ops=spec.ops, functions=spec.names) as seen:
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = cls.apply(q, k, v, case.kwargs.get("is_causal", False))
+                out.backward(do)
+                value = (out.detach(), q.grad, k.grad, v.grad)
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                continue
+        lse = logsumexp_rows(q.detach(), k.detach(), case.kwargs.get("is_causal", False))
+        lse_error = min((float((r - lse).abs().max()) for r in rows), default=math.inf)
+        observed = {**seen.summary(), "saved_bytes": sum(saved.values()),
+                    "lse_error": lse_error}
+        outcomes.append(plain_outcome(value, observed))
+    return outcomes
+
+
+def fa2_saved_limit(case: Case) -> int:
+    """Bytes a FlashAttention forward may save for backward in ``case``: Q, K, V and O in
+    the inputs' dtype, L in fp32 or wider (8 bytes a row), and 1 KB for scalars: O(N d)."""
+    q, k = case.args[0], case.args[1]
+    lead = math.prod(q.shape[:-2])
+    n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    return lead * ((2 * n * d + 2 * m * d) * q.element_size() + 8 * n) + 1024
+
+
+def _saves_o_and_l_only(case: Case, out: Outcome) -> str | None:
+    got, limit = out.observed.get("saved_bytes", 0), fa2_saved_limit(case)
+    if got > limit:
+        return (f"its forward saved {got} bytes for backward; FlashAttention saves Q, K, V, O "
+                f"and L, {limit} bytes here: no N x N tensor, and no autograd graph of its own "
+                "(compute the forward under torch.no_grad or with plain ops in forward())")
+    if out.observed.get("lse_error", math.inf) > 1e-3 * max(1.0, abs(case.args[0]).max()):
+        return ("no tensor of one value per query row equal to L = logsumexp(Q K^T / sqrt(d)) "
+                "was saved with ctx.save_for_backward: save L and recompute P = exp(S - L) "
+                "in backward")
+    return None
+
+
+def _fa2_tiles_only(case: Case, out: Outcome) -> str | None:
+    q, k = case.args[0], case.args[1]
+    lead = math.prod(q.shape[:-2])
+    n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    limit = lead * max(n * d, m * d, min(FA2_TILE, n) * min(FA2_TILE, m))
+    largest = out.observed.get("largest_new", 0)
+    if largest > limit:
+        return (f"forward or backward created a tensor of {largest} elements; the limit here "
+                f"is {limit} (a tile of at most {FA2_TILE} x {FA2_TILE} scores, or an input's "
+                "size): recompute P tile by tile in backward, never the whole N x N matrix")
+    return None
+
+
+def _fa2_cases() -> list[Case]:
+    f32, bf16 = torch.float32, torch.bfloat16
+    return [
+        _fa2_case("one head, N=37, d=8", (37, 8), causal=False, seed=21),
+        _fa2_case("causal, N=45, d=8", (45, 8), causal=True, seed=22),
+        _fa2_case("batch 2 x heads 2, causal, N=64, d=16", (2, 2, 64, 16), causal=True,
+                  seed=23),
+        _fa2_case("cross-attention: 40 queries, 72 keys", (40, 16), n_kv=72, causal=False,
+                  seed=24),
+        _fa2_case("large scores: the running max must rescale", (2, 33, 8), causal=True,
+                  seed=25, scale=20.0),
+        _fa2_case("d=64, N=256, causal: no N x N tensor", (256, 64), causal=True, seed=26),
+        _fa2_case("d=80, N=200, fp32 inputs", (200, 80), causal=False, seed=27, dtype=f32),
+        _fa2_case("d=128, N=256, bf16 inputs (fp32 accumulation)", (256, 128), causal=True,
+                  seed=28, dtype=bf16),
+    ]
+
+
+flash_attention2 = Spec("flash_attention2", _fa2_cases, drive=_drive_fa2,
+                        rules=(_no_sdpa, _saves_o_and_l_only, _fa2_tiles_only),
+                        forbid=FORBID, names=True)
+"""``cls``: a ``torch.autograd.Function`` with ``forward(ctx, q, k, v, is_causal=False) -> O``
+(..., Nq, d) that saves L = logsumexp(Q K^T / sqrt d) (one value per query row) with Q, K, V
+and O, and ``backward(ctx, dO) -> (dQ, dK, dV, None)`` that recomputes P from L; never SDPA,
+never an N x N tensor, at most Q, K, V, O and L saved.  (Stanford CS336 assignment 2's
+interface.)"""

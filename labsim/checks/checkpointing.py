@@ -26,6 +26,7 @@ from labsim.checkpointing import (
 )
 from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome, raises
 from labsim.checks._observe import watch
+from labsim.experiments.checkpointing import layer_step
 from labsim.lab.memory import MemoryMeter
 from labsim.lab.models import residual_mlp
 
@@ -216,3 +217,78 @@ def plan_segments(
     )
 
 
+
+
+# -- selective checkpointing of a transformer layer (create_selective_checkpoint_contexts) --
+
+def _sac_layer(s: int, h: int, a: int, swiglu: bool) -> nn.Module:
+    from labsim.lab.models import Block
+    from labsim.workload import Transformer
+
+    mlp = {"swiglu": True, "ffn_hidden": 3 * h, "bias": False} if swiglu else {}
+    torch.manual_seed(7)
+    return Block(Transformer(1, h, a, s, 16, dropout=False, **mlp))
+
+
+def _sac_cases() -> list[Case]:
+    specs = [(96, 64, 4, 2, False), (80, 32, 2, 3, False), (96, 64, 8, 1, True),
+             (112, 48, 3, 2, True), (72, 64, 4, 2, False)]
+    cases = []
+    for s, h, a, b, swiglu in specs:
+        layer = _sac_layer(s, h, a, swiglu)
+        x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(s + h))
+        plain = layer_step(layer, x, None)
+        expected = {"gradients": plain["gradients"], "plain_kept": plain["kept"],
+                    "plain_flops": plain["flops"], "attention_flops": 4 * b * s * s * h}
+        cases.append(Case(f"{'SwiGLU' if swiglu else 'GeLU'} layer, s={s}, h={h}, a={a}, b={b}",
+                          (s, h, a, b, swiglu, x), expected=expected, compare=_sac_compare))
+    return cases
+
+
+def _sac_keeps_less(case: Case, out: Outcome) -> str | None:
+    if out.observed["scores_kept"]:
+        return ("an s x s tensor (scores or probabilities) is kept for backward: recompute the "
+                "attention core, save only the linear layers' outputs")
+    if out.observed["kept"] >= case.expected["plain_kept"]:
+        return (f"keeps {out.observed['kept']} bytes for backward, not less than the plain "
+                f"layer's {case.expected['plain_kept']}: the policy saves too much")
+    return None
+
+
+def _sac_recomputes_little(case: Case, out: Outcome) -> str | None:
+    extra = out.observed["flops"] - case.expected["plain_flops"]
+    if extra > case.expected["attention_flops"] * 1.001:
+        return (f"recomputes {extra} FLOPs, more than the attention core's "
+                f"{case.expected['attention_flops']} (QK^T and PV): a linear layer is "
+                "recomputed; save the outputs of aten.mm / aten.addmm")
+    return None
+
+
+def _sac_compare(got: Any, expected: Any) -> str | None:
+    wrong = close(1e-4, 1e-6)(got, expected["gradients"])
+    return None if wrong is None else f"gradients differ from the plain layer's: {wrong}"
+
+
+def _drive_sac(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+               ) -> list[Outcome]:
+    outcomes = []
+    for case in cases:
+        s, h, a, _, swiglu, x = case.args
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                value = layer_step(_sac_layer(s, h, a, swiglu), x, fns[0])
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                continue
+        observed = {**seen.summary(), **{k: value[k] for k in ("kept", "scores_kept", "flops")}}
+        outcomes.append(plain_outcome(value["gradients"], observed))
+    return outcomes
+
+
+selective_policy = Spec("selective_policy", _sac_cases, drive=_drive_sac,
+                        rules=(_sac_keeps_less, _sac_recomputes_little), forbid=FORBID)
+"""``policy(ctx, op, *args, **kwargs) -> CheckpointPolicy`` for
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``: a checkpointed transformer
+layer must give the plain layer's gradients, keep less than it and no s x s tensor, and
+recompute no more than the attention core's matmuls (Korthikanti et al. 2022's selective
+recomputation)."""

@@ -220,3 +220,18 @@ loss_scaler = Spec("loss_scaler", _loss_scaler_cases, drive=_drive_scaler,
                    compare=close(rtol=1e-6, atol=1e-12), rules=(_not_a_grad_scaler,),
                    forbid=FORBID_SCALER)
 """The learner's ``DynamicLossScaler`` class against ``torch.amp.GradScaler``."""
+
+
+# -- a running sum kept in a 16-bit accumulator ---------------------------------------------
+
+def _accumulate_cases() -> list[Case]:
+    specs = [(0.01, 1000, "fp32"), (0.01, 1000, "fp16"), (0.01, 1000, "bf16"),
+             (1.0, 300, "bf16"), (1e-4, 5000, "fp16"), (0.1, 100, "bf16"), (3.0, 10, "fp32")]
+    return [Case(f"{times} x {value:g} in {dtype}", (value, times, dtype),
+                 expected=P.accumulate(value, times, dtype)) for value, times, dtype in specs]
+
+
+accumulate = Spec("accumulate", _accumulate_cases, compare=close(rtol=0),
+                  forbid=("labsim.experiments.precision:accumulate",), ops=False)
+"""``fn(value, times, dtype) -> float``: ``value`` added ``times`` times into an accumulator of
+``dtype`` ("fp32", "fp16", "bf16"), rounded after every addition; exact to the last bit."""

@@ -6,7 +6,9 @@ library cannot drift apart; the learner's functions must not call it (tripwired)
 
 from __future__ import annotations
 
-from labsim.checks._core import Case, Spec, close, raises
+from typing import Any
+
+from labsim.checks._core import Case, Outcome, Spec, close, raises
 from labsim.roofline import Roofline
 from labsim.roofline import matmul_bytes as _matmul_bytes
 from labsim.roofline import matmul_flops as _mm_flops
@@ -77,7 +79,7 @@ attainable_flops = Spec("attainable_flops", _attainable_flops_cases, compare=clo
 
 def _mfu_cases() -> list[Case]:
     good = [
-        ("Megatron 1T on A100: 163 TFLOP/s", 163e12, 1.0, 312e12),
+        ("Megatron 1T on A100: 122 TFLOP/s of model FLOPs", 163e12 * 72 / 96, 1.0, 312e12),
         ("PaLM-like step: 46 % ", 0.462 * 275e12 * 2.5, 2.5, 275e12),
         ("an idle step", 0.0, 1.0, 312e12),
         ("tiny CPU step", 3e9, 0.05, 100e9),
@@ -105,3 +107,78 @@ def _mlp_step_flops_cases() -> list[Case]:
 mlp_step_flops = Spec("mlp_step_flops", _mlp_step_flops_cases, compare=close(rtol=0), forbid=FORBID)
 """``fn(sizes, batch)`` = model FLOPs of one training step of an MLP with layer widths
 ``sizes`` (Linear(sizes[i], sizes[i+1]) for each i): 3 x forward = 6 * batch * sum(in*out)."""
+
+
+# -- the benchmark timer: warm-up, synchronisation, repeats -------------------------------
+
+def _benchmark_cases() -> list[Case]:
+    # (seconds of work per call, extra seconds on the very first call, warmup, repeat)
+    specs = [(0.02, 0.2, 1, 3), (0.01, 0.3, 2, 5), (0.03, 0.15, 1, 2), (0.005, 0.2, 3, 4),
+             (0.02, 0.0, 0, 3)]
+    return [Case(f"{job * 1e3:g} ms of queued work per call, first call +{first * 1e3:g} ms, "
+                 f"warmup={w}, repeat={r}", (job, first), {"warmup": w, "repeat": r},
+                 expected={"calls": w + r, "samples": r, "job_s": job}, compare=_timing_compare)
+            for job, first, w, r in specs]
+
+
+def _warmed_up(case: Case, out: Outcome) -> str | None:
+    if out.observed["calls"] != case.expected["calls"]:
+        return (f"fn was called {out.observed['calls']} times; warmup + repeat = "
+                f"{case.expected['calls']}: warm up (untimed) first, then time each repeat")
+    return None
+
+
+def _synchronised(case: Case, out: Outcome) -> str | None:
+    job, times = case.expected["job_s"], out.value
+    for i, t in enumerate(times if isinstance(times, list) else []):
+        if not isinstance(t, int | float) or t < 0.8 * job:
+            return (f"sample {i} is {t!r} s for {job} s of queued work: the clock was read "
+                    "before the device finished: call sync() before reading it")
+        if t > job + 0.08:
+            return (f"sample {i} is {t:.3f} s for {job} s of work: it includes earlier work "
+                    "(the warm-up's, or the previous call's): sync() before starting the clock")
+    return None
+
+
+def _timing_compare(got: Any, expected: dict) -> str | None:
+    if not isinstance(got, list) or len(got) != expected["samples"]:
+        return f"returned {got!r}; return a list of {expected['samples']} times in seconds"
+    return None
+
+
+def _drive_benchmark(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+    from labsim.lab.device import AsyncQueue
+
+    outcomes = []
+    for case in cases:
+        job, first = case.args
+        device = AsyncQueue()
+        calls = [0]
+
+        def fn(device: AsyncQueue = device, calls: list[int] = calls, job: float = job,
+               first: float = first) -> None:
+            device.launch(job + (first if calls[0] == 0 else 0.0))
+            calls[0] += 1
+
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                times = fns[0](fn, sync=device.synchronize, **dict(case.kwargs))
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                device.close()
+                continue
+        device.close()
+        value = list(times) if isinstance(times, list | tuple) else times
+        outcomes.append(plain_outcome(value, {**seen.summary(), "calls": calls[0]}))
+    return outcomes
+
+
+benchmark = Spec("benchmark", _benchmark_cases, drive=_drive_benchmark,
+                 rules=(_warmed_up, _synchronised),
+                 forbid=("labsim.lab.device:time_fn", "labsim.lab.device:time_queued"),
+                 ops=False)
+"""``fn(call, *, sync, warmup=1, repeat=5) -> list[float]``: ``warmup`` untimed calls, then
+``repeat`` timed ones, each with ``sync()`` before the clock starts and before it is read;
+checked on an ``AsyncQueue`` (a simulated asynchronous device) whose first call is slow."""

@@ -74,3 +74,31 @@ def per_block_softmax_attention(
         vb = v[..., start:start + block, :]
         out = out + torch.softmax(q @ kb.transpose(-1, -2) * scale, dim=-1) @ vb
     return out
+
+
+def flash_loss_curves(steps: int = 30, seed: int = 0) -> dict[str, list[float]]:
+    """Training losses of the same small GPT (``labsim.lab.GPT``, 2 layers, width 64, 64
+    tokens) from the same initialisation on the same batch, with written-out attention and
+    with ``F.scaled_dot_product_attention`` (``flash=True``; PyTorch's flash kernel on a CPU,
+    FlashAttention-2 or memory-efficient on CUDA): {"standard": [...], "flash": [...]}.  If
+    flash attention approximated, the curves would drift apart; they differ by rounding."""
+    from labsim.lab.datasets import random_batch
+    from labsim.lab.models import GPT
+    from labsim.workload import Transformer
+
+    cfg = Transformer(layers=2, hidden=64, heads=4, seq_len=64, vocab=128)
+    idx, targets = random_batch(cfg, batch=8, seed=seed)  # one batch: the loss must fall
+    curves: dict[str, list[float]] = {}
+    for name, flash in (("standard", False), ("flash", True)):
+        torch.manual_seed(seed)
+        model = GPT(cfg, flash=flash)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        losses = []
+        for _ in range(steps):
+            _, loss = model(idx, targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves[name] = losses
+    return curves

@@ -20,9 +20,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from labsim.lab.device import synchronize
 from labsim.lab.memory import LiveBytes, MemoryMeter
@@ -83,6 +85,62 @@ def measure_step(
     return StepMeasurement(
         label or str(starts), meter.saved_bytes, tracker.peak, times[len(times) // 2]
     )
+
+
+def step_flops(
+    forward: Callable[[nn.ModuleList, torch.Tensor, list[int]], torch.Tensor],
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    starts: list[int],
+) -> int:
+    """FLOPs one training step (forward, ``mean(out**2)``, backward) really executes with
+    ``forward(blocks, x, starts)``, recomputation included, counted op by op by
+    ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and attention; the
+    element-wise ops it leaves out are a few FLOPs per element).  Counting, not assuming,
+    matters: PyTorch's non-reentrant ``checkpoint`` stops recomputing once the tensors the
+    backward needs exist (``torch.utils.checkpoint``'s early stop), so a segment's last op is
+    not rerun."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        forward(blocks, x, starts).square().mean().backward()
+    blocks.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def layer_step(layer: nn.Module, x: torch.Tensor, policy: Callable[..., Any] | str | None = None
+               ) -> dict[str, Any]:
+    """One step (forward, ``mean(out**2)``, backward) of a transformer ``layer``
+    (``labsim.lab.models.Block``) on ``x`` (b, s, h): plain (``policy=None``), checkpointed
+    whole (``"full"``), or checkpointed selectively with ``policy`` as the policy function of
+    ``torch.utils.checkpoint.create_selective_checkpoint_contexts``.  Returns the gradients
+    (of x, then of every parameter), ``kept`` (bytes created in the forward and alive after
+    it, output excluded: what is kept for backward), ``scores_kept`` (whether an s x s tensor
+    is among them) and ``flops`` (matmul FLOPs executed, recomputation included)."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labsim.lab.memory import LiveBytes
+
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    b, s, _ = x.shape
+    scores_bytes = b * layer.cfg.heads * s * s * x.element_size()
+    with FlopCounterMode(display=False) as flops:
+        with LiveBytes() as live:
+            if policy is None:
+                out = layer(x)
+            elif policy == "full":
+                out = checkpoint(layer, x, use_reentrant=False)
+            else:
+                out = checkpoint(layer, x, use_reentrant=False, context_fn=lambda: (
+                    create_selective_checkpoint_contexts(policy)))
+            kept = live.live - out.untyped_storage().nbytes()
+            scores_kept = any(n == scores_bytes for n in live._sizes.values())
+        out.square().mean().backward()
+    grads = [x.grad.detach().clone(), *(p.grad.detach().clone() for p in layer.parameters())]
+    return {"gradients": grads, "kept": kept, "scores_kept": scores_kept,
+            "flops": int(flops.get_total_flops())}
 
 
 def block_bytes(width: int, tokens: int, bytes_per_element: int = 4) -> tuple[int, int]:

@@ -9,6 +9,7 @@ and can be compared exactly (a fused GPU kernel would draw the mask inside the k
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,18 +80,47 @@ class Compiled:
 
     fn: Callable[..., Any]
     first_call_s: float
+    code: tuple[str, ...] = ()
+    """The source Inductor generated on the first call (one module per compiled graph):
+    C++ with OpenMP on a CPU, Python with Triton kernels on a GPU."""
+
+    def kernels(self) -> tuple[str, ...]:
+        """Names of the generated kernels, in order of first appearance: ``cpp_fused_...``
+        on a CPU, ``triton_...`` on a GPU (Inductor names a fused kernel after its ops)."""
+        names: dict[str, None] = {}
+        for module in self.code:
+            for name in re.findall(r"\b(cpp_fused_\w+|triton_(?:poi|red|per|tem)_\w+)", module):
+                names.setdefault(name, None)
+        return tuple(names)
+
+    def kernel_source(self, name: str, lines: int = 40) -> str:
+        """The first ``lines`` lines of the generated source from the kernel ``name`` on."""
+        for module in self.code:
+            at = module.find(f"def {name}(") if name.startswith("triton_") else -1
+            if at < 0:
+                at = module.find("extern \"C\"") if name in module else -1
+            if at >= 0:
+                return "\n".join(module[at:].splitlines()[:lines])
+        raise ValueError(f"no kernel {name!r}; generated: {self.kernels()}")
 
 
 def compile_and_time(fn: Callable[..., Any], *args: Any, **compile_kwargs: Any) -> Compiled:
     """``torch.compile(fn)``, call it once on ``args`` (this compiles) and time that call.
 
     The first call traces the function with TorchDynamo and generates code with Inductor
-    (C++/OpenMP on a CPU, Triton on a GPU): seconds, not milliseconds.  Inductor caches the
-    generated code on disk, so a second run of the same notebook compiles faster.
+    (C++/OpenMP on a CPU, Triton on a GPU): seconds, not milliseconds.  The generated source
+    is kept for reading (``torch._inductor.utils.run_and_get_code``); the on-disk FX-graph and
+    AOTAutograd caches are bypassed for this call, since a cache hit generates no source.
     """
+    import torch._functorch.config as functorch_config
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
     compiled = torch.compile(fn, **compile_kwargs)
     start = time.perf_counter()
-    compiled(*args)
+    with inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        _, code = run_and_get_code(compiled, *args)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return Compiled(compiled, time.perf_counter() - start)
+    return Compiled(compiled, time.perf_counter() - start, tuple(code))

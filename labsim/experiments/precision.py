@@ -265,11 +265,11 @@ def grad_scaler(**kwargs: Any) -> Callable[[], torch.amp.GradScaler]:
 
 
 def autocast_dtypes(dtype: str = "bf16", device: str = "cpu") -> dict[str, str]:
-    """The output dtype of common ops run on fp32 inputs inside ``torch.autocast(dtype)``.
+    """The output dtype of common ops inside ``torch.autocast(dtype)``, the matmul-like ones
+    on fp32 inputs and the rest on the output of a matmul (as in a model).
 
-    Matmul-like ops run in the low precision (that is where the speed is); reductions,
-    softmax, normalisation and losses run in fp32 (they need the range and the precision).
-    The lists are PyTorch's ("Autocast Op Reference" in the AMP docs), per device.
+    Which list an op is on (cast to the low dtype, cast to fp32, or neither) differs by
+    device: ``autocast_lists`` tells them apart.
     """
     low = torch_dtype(dtype)
     x = torch.randn(8, 16, device=device)
@@ -293,6 +293,55 @@ def autocast_dtypes(dtype: str = "bf16", device: str = "cpu") -> dict[str, str]:
     return out
 
 
+def accumulate(value: float, times: int, dtype: str | torch.dtype) -> float:
+    """Add ``value`` ``times`` times into an accumulator of ``dtype``, rounding after every
+    addition as a 16-bit running sum does; the exact answer is ``value * times``.  Once half
+    the accumulator's spacing exceeds ``value``, every addition rounds away (bf16 stops at 4
+    for 0.01)."""
+    step = torch.tensor(value, dtype=torch_dtype(dtype))
+    total = torch.zeros((), dtype=step.dtype)
+    for _ in range(times):
+        total = total + step
+    return float(total)
+
+
+AUTOCAST_LISTS = ("low precision", "fp32", "neither: runs in the dtype it receives")
+
+
+def autocast_lists(dtype: str = "bf16", device: str = "cpu") -> dict[str, str]:
+    """Which of PyTorch's autocast lists ("Autocast Op Reference" in the AMP docs) each common
+    op is on, for ``device``, found by running it inside ``torch.autocast(dtype)`` on an fp32
+    and on a low-precision input: an op that turns fp32 into the low dtype is on the
+    low-precision list, one that turns the low dtype into fp32 on the fp32 list, and one whose
+    output keeps its input's dtype on neither (e.g. ``softmax`` and ``layer_norm`` on a CPU,
+    which are on the fp32 list on CUDA).  Values are ``AUTOCAST_LISTS`` entries."""
+    low = torch_dtype(dtype)
+    w = torch.randn(16, 16, device=device)
+    target = torch.randint(0, 16, (8,), device=device)
+    ops: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "linear": lambda a: nn.functional.linear(a, w.to(a.dtype)),
+        "matmul": lambda a: a @ w.to(a.dtype),
+        "relu": torch.relu,
+        "gelu": nn.functional.gelu,
+        "softmax": lambda a: torch.softmax(a, dim=-1),
+        "layer_norm": lambda a: nn.functional.layer_norm(a, (16,)),
+        "mse_loss": lambda a: nn.functional.mse_loss(a, a.detach() * 0.5),
+        "cross_entropy": lambda a: nn.functional.cross_entropy(a, target),
+        "sum": lambda a: a.sum(),
+    }
+    x = torch.randn(8, 16, device=device)
+    out = {}
+    with torch.autocast(torch.device(device).type, dtype=low):
+        for name, op in ops.items():
+            if op(x).dtype == low:
+                out[name] = AUTOCAST_LISTS[0]
+            elif op(x.to(low)).dtype == torch.float32:
+                out[name] = AUTOCAST_LISTS[1]
+            else:
+                out[name] = AUTOCAST_LISTS[2]
+    return out
+
+
 def matmul_flops_per_s(
     n: int, dtype: str, device: torch.device | str = "cpu", max_seconds: float = 2.0
 ) -> float:
@@ -305,6 +354,24 @@ def matmul_flops_per_s(
 
 
 PRECISION_MODES = ("fp32", "autocast-bf16", "autocast-fp16", "pure-bf16")
+
+
+def gpt_saved_bytes(model: nn.Module, idx: torch.Tensor, mode: str = "fp32"
+                    ) -> tuple[int, int]:
+    """(all bytes autograd saves for backward in one forward of ``model(idx)``, the part of
+    them that is low-precision copies of the weights): under ``torch.autocast`` every linear
+    layer casts its fp32 weight to the low dtype and keeps that copy for the backward pass
+    (``MemoryMeter.weight_copies``).  ``mode`` as for ``gpt_activation_bytes``."""
+    if mode not in PRECISION_MODES:
+        raise ValueError(f"mode={mode!r}; use one of {PRECISION_MODES}")
+    if mode == "pure-bf16":
+        model = copy.deepcopy(model).to(torch.bfloat16)
+    low = torch.float16 if mode == "autocast-fp16" else torch.bfloat16
+    with MemoryMeter(model) as meter:
+        with torch.autocast(idx.device.type, dtype=low, enabled=mode.startswith("autocast")):
+            out = model(idx)
+    del out
+    return meter.saved_bytes, meter.weight_copies()[1]
 
 
 def gpt_activation_bytes(model: nn.Module, idx: torch.Tensor, mode: str = "fp32") -> int:

@@ -8,7 +8,18 @@ Nothing here is an exercise's solution: references live beside their checks in
 """
 
 from labsim.lab.datasets import random_batch
-from labsim.lab.device import Timing, device_name, pick_device, synchronize, time_fn, torch_dtype
+from labsim.lab.device import (
+    AsyncQueue,
+    Timing,
+    cpu_bf16_units,
+    cpu_cache_bytes,
+    device_name,
+    pick_device,
+    synchronize,
+    time_fn,
+    time_queued,
+    torch_dtype,
+)
 from labsim.lab.launcher import LaunchResult, LaunchTimeout, WorkerError, free_port, launch
 from labsim.lab.memory import (
     LiveBytes,
@@ -22,6 +33,7 @@ from labsim.lab.memory import (
 from labsim.lab.models import GPT
 
 __all__ = [
+    "AsyncQueue",
     "GPT",
     "LaunchResult",
     "LaunchTimeout",
@@ -29,6 +41,8 @@ __all__ = [
     "MemoryMeter",
     "Timing",
     "WorkerError",
+    "cpu_bf16_units",
+    "cpu_cache_bytes",
     "device_name",
     "free_port",
     "grad_bytes",
@@ -41,5 +55,6 @@ __all__ = [
     "synchronize",
     "tensor_bytes",
     "time_fn",
+    "time_queued",
     "torch_dtype",
 ]

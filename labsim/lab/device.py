@@ -115,6 +115,71 @@ def time_fn(
     return Timing(tuple(times))
 
 
+def time_queued(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    calls: int = 100,
+    warmup: int = 1,
+) -> float:
+    """Seconds per call of ``fn()`` issued ``calls`` times back to back with one
+    synchronisation at the end: the *throughput* of a queue of launches.  ``time_fn``
+    synchronises after every call and so measures each call's *latency*, launch and wait
+    included; on a GPU, where launches are queued while earlier kernels run, the two differ
+    whenever a kernel runs longer than its launch takes."""
+    if calls < 1:
+        raise ValueError("calls must be >= 1")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+class AsyncQueue:
+    """A stand-in for an asynchronous device, for a CPU: ``launch(seconds)`` queues that much
+    work on a worker thread and returns at once, as a CUDA kernel launch does; ``synchronize()``
+    waits until everything queued has run, as ``torch.cuda.synchronize()`` does.  A timer
+    that reads the clock without synchronising measures the launches, not the work."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._jobs: queue.Queue[float | None] = queue.Queue()
+        self.launches = 0
+        self.synchronizes = 0
+        self._worker = threading.Thread(target=self._run, daemon=True)
+        self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            seconds = self._jobs.get()
+            if seconds is None:
+                self._jobs.task_done()
+                return
+            time.sleep(seconds)
+            self._jobs.task_done()
+
+    def launch(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self.launches += 1
+        self._jobs.put(seconds)
+
+    def synchronize(self) -> None:
+        self.synchronizes += 1
+        self._jobs.join()
+
+    def close(self) -> None:
+        """Stop the worker thread (after the queued work)."""
+        self._jobs.put(None)
+        self._worker.join()
+
+
 DTYPES: dict[str, torch.dtype] = {
     "fp64": torch.float64,
     "fp32": torch.float32,
@@ -134,3 +199,46 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[key]
 
 
+
+
+def cpu_cache_bytes(level: int = 3) -> int | None:
+    """Size in bytes of the CPU's level-``level`` cache as Linux reports it
+    (``/sys/devices/system/cpu/cpu0/cache/index*/``, the unified or data cache of that level);
+    None where the system does not say (macOS, Windows, some containers)."""
+    from pathlib import Path
+
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if size and size[-1] in units and size[:-1].isdigit():
+            return int(size[:-1]) * units[size[-1]]
+        if size.isdigit():
+            return int(size)
+    return None
+
+
+BF16_CPU_UNITS = {"avx512_bf16": "AVX-512 BF16", "amx_bf16": "AMX BF16"}
+
+
+def cpu_bf16_units() -> list[str] | None:
+    """The bf16 arithmetic units this CPU reports (Linux ``/proc/cpuinfo`` flags
+    ``avx512_bf16``, ``amx_bf16``), by name; [] when it has none, None where the system does
+    not say.  Without them PyTorch runs a bf16 matmul by converting to fp32 in software."""
+    from pathlib import Path
+
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), None)
+    if flags is None:
+        return None
+    return [name for flag, name in BF16_CPU_UNITS.items() if flag in flags]

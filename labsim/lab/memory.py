@@ -107,6 +107,8 @@ class MemoryMeter:
         self.model = model
         self.optimizer = optimizer
         self._saved: dict[tuple[str, int], int] = {}
+        self._copies: dict[tuple[str, int], int] = {}
+        self._by_shape: dict[tuple[int, ...], list[torch.Tensor]] = {}
         self._param_keys: set[tuple[str, int]] = set()
         self._hooks: Any = None
         self._cuda: torch.device | None = None
@@ -125,6 +127,10 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self._cuda)
             self._start_bytes = torch.cuda.memory_allocated(self._cuda)
         self._saved.clear()
+        self._copies.clear()
+        self._by_shape = {}
+        for p in self.model.parameters() if self.model is not None else ():
+            self._by_shape.setdefault(tuple(p.shape), []).append(p)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         return self
@@ -142,13 +148,34 @@ class MemoryMeter:
         key = _storage_key(t)
         if key not in self._param_keys:
             self._saved[key] = _storage_nbytes(t)
+            if key not in self._copies and self._is_weight_copy(t):
+                self._copies[key] = self._saved[key]
         return t
+
+    def _is_weight_copy(self, t: torch.Tensor) -> bool:
+        if not t.is_floating_point():
+            return False
+        with torch.no_grad():
+            for p in self._by_shape.get(tuple(t.shape), ()):
+                if p.dtype != t.dtype and torch.equal(p.to(t.dtype), t):
+                    return True
+            for p in self._by_shape.get(tuple(t.shape)[::-1], ()):
+                if p.dim() == 2 and p.dtype != t.dtype and torch.equal(p.to(t.dtype).t(), t):
+                    return True
+        return False
 
     # --------------------------------------------------------------- results
     @property
     def saved_bytes(self) -> int:
         """Bytes autograd saved for backward in the block, parameters excluded."""
         return sum(self._saved.values())
+
+    def weight_copies(self) -> tuple[int, int]:
+        """(count, bytes) of saved tensors that are one of the model's parameters (or its
+        transpose) cast to another dtype, value for value: the low-precision copies of the
+        weights that ``torch.autocast`` makes in the forward pass and autograd keeps for
+        backward."""
+        return len(self._copies), sum(self._copies.values())
 
     def breakdown(self) -> MemoryBreakdown:
         """Measured bytes now: params, grads, optimizer state, and the block's activations."""
