@@ -12,6 +12,7 @@ import torch
 
 from labsim import checks as check
 from labsim.checks import CheckFailed
+from labsim.course.notebook import as_shown
 
 from .solution_cells import exercises
 
@@ -22,7 +23,7 @@ def test_labs_00_01_solutions_pass_and_library_answers_do_not(capsys) -> None:  
     s0, s1 = exercises("00_why_gpus"), exercises("01_memory")
     check.roofline.matmul_flops(s0["matmul_flops"])
     check.memory.gpt_params(s1["gpt_params"])
-    assert capsys.readouterr().out.count("PASS") == 2
+    assert as_shown(capsys.readouterr().out).count("PASS") == 2
     import labsim
 
     with pytest.raises(CheckFailed, match=REFERENCE):
@@ -81,7 +82,7 @@ class Kernels(S2["DynamicLossScaler"]):
 
 def test_the_loss_scaler_solution_passes_every_scenario(capsys) -> None:  # noqa: ANN001
     check.precision.loss_scaler(S2["DynamicLossScaler"])
-    assert "PASS loss_scaler: 10/10 cases passed" in capsys.readouterr().out
+    assert "PASS loss_scaler: 10/10 cases passed" in as_shown(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize(("cls", "why"), [
@@ -112,7 +113,7 @@ def test_checkpointing_with_labsims_forward_fails(capsys) -> None:  # noqa: ANN0
     s3 = exercises("03_checkpointing")
     check.checkpointing.checkpointed_forward(s3["checkpointed_forward"])
     check.checkpointing.segment_plan(s3["plan_segments"])
-    assert capsys.readouterr().out.count("PASS") == 2
+    assert as_shown(capsys.readouterr().out).count("PASS") == 2
     from labsim.checks.checkpointing import forward_segments, plan_segments
 
     for spec, ref in ((check.checkpointing.checkpointed_forward, forward_segments),
@@ -146,7 +147,7 @@ def hidden_sdpa(q, k, v, causal=False, **_):  # noqa: ANN001, ANN003, ANN201
 def test_attention_solutions_pass_on_bf16_cross_and_odd_heads(capsys) -> None:  # noqa: ANN001
     check.attention.naive_attention(S4["naive_attention"])
     check.attention.tiled_attention(S4["tiled_attention"])
-    assert capsys.readouterr().out.splitlines() == [
+    assert as_shown(capsys.readouterr().out).splitlines() == [
         "PASS naive_attention: 8/8 cases passed", "PASS tiled_attention: 12/12 cases passed"]
 
 
@@ -190,7 +191,7 @@ def test_lab_10_solutions_pass_and_every_head_everywhere_does_not(capsys) -> Non
     tp.head_parallel_attention(s10["tp_attention"])
     tp.sequence_parallel(s10["GatherSequence"], s10["ScatterSequence"], s10["sp_mlp"])
     tp.vocab_parallel_cross_entropy(s10["VocabParallelCE"])
-    assert capsys.readouterr().out.splitlines() == [
+    assert as_shown(capsys.readouterr().out).splitlines() == [
         "PASS parallel_mlp: 8/8 cases passed", "PASS head_parallel_attention: 5/5 cases passed",
         "PASS sequence_parallel: 10/10 cases passed",
         "PASS vocab_parallel_cross_entropy: 6/6 cases passed"]
@@ -219,7 +220,7 @@ def test_lab_11_solutions_pass_and_gpipe_over_chunks_does_not(capsys) -> None:  
     pp.one_f_one_b(s11["one_f_one_b"])
     pp.interleaved(s11["interleaved"])
     pp.pipeline_step(s11["pipeline_step"])
-    assert capsys.readouterr().out.splitlines() == [
+    assert as_shown(capsys.readouterr().out).splitlines() == [
         "PASS gpipe: 8/8 cases passed", "PASS one_f_one_b: 8/8 cases passed",
         "PASS interleaved: 7/7 cases passed", "PASS pipeline_step: 9/9 cases passed"]
     with pytest.raises(CheckFailed, match="(?s)0/7.*breaks a rule of this exercise: "
@@ -299,7 +300,7 @@ class SdpaFunction(torch.autograd.Function):
 
 def test_the_flash_attention2_solution_passes(capsys) -> None:  # noqa: ANN001
     check.attention.flash_attention2(S4["FlashAttention2"])
-    assert capsys.readouterr().out.strip() == "PASS flash_attention2: 8/8 cases passed"
+    assert as_shown(capsys.readouterr().out).strip() == "PASS flash_attention2: 8/8 cases passed"
 
 
 @pytest.mark.parametrize(("cls", "why"), [
@@ -328,7 +329,7 @@ def _policy(saved_ops):  # noqa: ANN001, ANN202
 
 def test_the_selective_policy_solution_passes(capsys) -> None:  # noqa: ANN001
     check.checkpointing.selective_policy(exercises("03_checkpointing")["selective_policy"])
-    assert capsys.readouterr().out.strip() == "PASS selective_policy: 5/5 cases passed"
+    assert as_shown(capsys.readouterr().out).strip() == "PASS selective_policy: 5/5 cases passed"
 
 
 @pytest.mark.parametrize(("saved", "why"), [
@@ -368,7 +369,7 @@ def _timer(*, pre_sync: bool = True, post_sync: bool = True, warm: bool = True):
 
 def test_the_timer_solution_passes(capsys) -> None:  # noqa: ANN001
     check.roofline.benchmark(exercises("00_why_gpus")["benchmark"])
-    assert capsys.readouterr().out.strip() == "PASS benchmark: 5/5 cases passed"
+    assert as_shown(capsys.readouterr().out).strip() == "PASS benchmark: 5/5 cases passed"
 
 
 @pytest.mark.parametrize(("timer", "why"), [
@@ -403,7 +404,7 @@ def test_a_timer_that_raises_fails_with_its_error() -> None:
 
 def test_the_accumulate_solution_passes(capsys) -> None:  # noqa: ANN001
     check.precision.accumulate(S2["accumulate"])
-    assert capsys.readouterr().out.strip() == "PASS accumulate: 7/7 cases passed"
+    assert as_shown(capsys.readouterr().out).strip() == "PASS accumulate: 7/7 cases passed"
 
 
 @pytest.mark.parametrize("cheat", [

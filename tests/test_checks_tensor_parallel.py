@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from labsim.checks import CheckFailed
 from labsim.checks import tensor_parallel as c
+from labsim.course.notebook import as_shown
 from labsim.parallel.tensor_parallel import CopyToParallel, ReduceFromParallel
 
 pytestmark = pytest.mark.multiprocess
@@ -165,7 +166,7 @@ def test_references_pass(capsys: pytest.CaptureFixture[str]) -> None:
     c.head_parallel_attention(attention)
     c.sequence_parallel(Gather, Scatter, sp_block)
     c.vocab_parallel_cross_entropy(CE)
-    out = capsys.readouterr().out.splitlines()
+    out = as_shown(capsys.readouterr().out).splitlines()
     assert out == ["PASS parallel_mlp: 8/8 cases passed",
                    "PASS head_parallel_attention: 5/5 cases passed",
                    "PASS sequence_parallel: 10/10 cases passed",

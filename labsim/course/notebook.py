@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,12 @@ STUB = 'raise NotImplementedError("write your solution here, then run the check 
 
 class NotebookError(ValueError):
     """A notebook the course tooling cannot use; the message names the file and the cell."""
+
+
+def as_shown(text: str) -> str:
+    """A stream's text as a front end shows it: a line redrawn after ``\r`` (a progress bar)
+    keeps only its last drawing, as JupyterLab, Colab and nbval read it."""
+    return re.sub(r"^.*\r(?=[^\n])", "", text, flags=re.MULTILINE)
 
 
 def cell_label(index: int, cell: Any) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
-import re
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -93,15 +92,6 @@ def validate(nb: nbformat.NotebookNode, path: Path) -> None:
                                     f"function(s), the cell passes {len(fns)}")
 
 
-_OVERWRITTEN = re.compile(r"^.*\r(?=[^\n])", re.MULTILINE)  # as nbval and JupyterLab read "\r"
-
-
-def _as_shown(text: str) -> str:
-    """A stream's text as a front end shows it: a line redrawn after ``\r`` (a progress bar)
-    keeps only its last drawing."""
-    return _OVERWRITTEN.sub("", text)
-
-
 def _clean_outputs(outputs: list) -> list:
     """Keep what a check printed, without timing metadata; merge adjacent stream pieces;
     keep a redrawn line's last drawing only."""
@@ -123,7 +113,7 @@ def _clean_outputs(outputs: list) -> list:
             cleaned.append(out)
     for out in cleaned:
         if out.output_type == "stream":
-            out.text = _as_shown(out.text)
+            out.text = nbk.as_shown(out.text)
     return [o for o in cleaned if o.output_type != "stream" or o.text]
 
 
