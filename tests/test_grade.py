@@ -792,3 +792,30 @@ def test_extra_checks_file_format(tmp_path: Path) -> None:
                     "CHECKS = [Hidden('a', 'add', [Case('x', (1, 1), expected=2)])]\n")
     with pytest.raises(ValueError, match=">= 5"):
         rb.read_extra_checks(path)
+
+
+@pytest.mark.slow
+def test_a_package_under_the_hosts_tmp_is_visible_in_the_sandbox(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """A checkout (and its venv) under /tmp -- where a CI job may clone it -- is bound into
+    the learner's root, not hidden by the sandbox's own /tmp."""
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("the temporary folder is not under /tmp here")
+    box = sb.probe()
+    if not box.namespaces:
+        pytest.skip("no namespaces: the run sees the host's file system anyway")
+    shipped = tmp_path / "venv-like"
+    shipped.mkdir()
+    (shipped / "marker.txt").write_text("bound")
+    real = sb.package_dirs
+    monkeypatch.setattr(sb, "package_dirs", lambda: [*real(), str(shipped)])
+    lab = gradelab.release_lab(tmp_path / "course")
+    add = (f"def add(a, b):\n    return a + b if open({str(shipped / 'marker.txt')!r}).read()"
+           " == 'bound' else None\n")
+    sub = gradelab.submission(lab, tmp_path / "sub.ipynb", add=add, scale=S["scale"],
+                              mean=S["mean"])
+    out = tmp_path / "grades.csv"
+    assert main(["grade", "--lab", str(lab), str(sub), "--out", str(out), "--feedback",
+                 str(tmp_path / "fb"), "--timeout-cell", "60"]) == 0
+    [r] = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert (r["status"], r["add"]) == ("ok", "1"), r

@@ -105,6 +105,8 @@ def _build_root(cfg: dict[str, Any], applied: list[str]) -> None:
                                 f"{LEARNER_UID}::{RUN}/home:/bin/sh\n")
     (etc / "group").write_text(f"root:x:0:\nlearner:x:{LEARNER_UID}:\n")
     (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    # /tmp first: a venv or checkout under the host's /tmp is bound inside it, not hidden by it
+    _tmpfs(root / "tmp", cfg["tmp_bytes"], "1777")
     for path in cfg["binds"]:  # Python, the venv, the labsim package: same paths inside
         if not str(Path(path)).startswith("/usr/"):
             _bind_ro(path, root / Path(path).relative_to("/"))
@@ -120,7 +122,6 @@ def _build_root(cfg: dict[str, Any], applied: list[str]) -> None:
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         (root / "dev" / name).symlink_to(target)
     _tmpfs(root / "dev" / "shm", cfg["shm_bytes"], "1777")
-    _tmpfs(root / "tmp", cfg["tmp_bytes"], "1777")
     applied.append("fresh /proc; private /dev (null, zero, full, random, urandom) and "
                    "/dev/shm; private /tmp")
     run = root / RUN.lstrip("/")
