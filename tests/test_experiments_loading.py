@@ -110,14 +110,18 @@ def children():
             found.append(status.parent.name)
     return found
 
-data = SyntheticImages(256, side_px=512, seed=0)
+data = SyntheticImages(100_000, side_px=512, seed=0)  # far more than the wait below needs
 started = []
 
 def interrupt():
+    deadline = time.monotonic() + 60
+    while len(children()) < 2 and time.monotonic() < deadline:  # both workers up, loading
+        time.sleep(0.05)
+    time.sleep(0.5)
     started.append(len(children()))  # the workers running when Ctrl-C comes
     os.kill(os.getpid(), signal.SIGINT)
 
-threading.Timer(2.0, interrupt).start()
+threading.Thread(target=interrupt, daemon=True).start()
 try:
     measure_loader(data, TrainStep(), batch_size=4, num_workers=2)
 except KeyboardInterrupt:
