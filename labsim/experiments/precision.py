@@ -381,16 +381,7 @@ def gpt_activation_bytes(model: nn.Module, idx: torch.Tensor, mode: str = "fp32"
     forward under ``torch.autocast``); ``"pure-bf16"`` (a bf16 copy of the whole model, as
     when the optimizer keeps no fp32 master weights).
     """
-    if mode not in PRECISION_MODES:
-        raise ValueError(f"mode={mode!r}; use one of {PRECISION_MODES}")
-    if mode == "pure-bf16":
-        model = copy.deepcopy(model).to(torch.bfloat16)
-    low = torch.float16 if mode == "autocast-fp16" else torch.bfloat16
-    with MemoryMeter(model) as meter:
-        with torch.autocast(idx.device.type, dtype=low, enabled=mode.startswith("autocast")):
-            out = model(idx)
-    del out
-    return meter.saved_bytes
+    return gpt_saved_bytes(model, idx, mode)[0]
 
 
 def training_step_time(

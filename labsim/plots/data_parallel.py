@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from labsim.plots._figure import new_figure
+from labsim.plots.series import efficiency
 
 
 def bucket_curve(rows: Sequence[Mapping[str, float]], title: str = "") -> Figure:
@@ -28,17 +29,7 @@ def bucket_curve(rows: Sequence[Mapping[str, float]], title: str = "") -> Figure
 def scaling_curves(series: Mapping[str, Sequence[Mapping[str, float]]],
                    title: str = "") -> Figure:
     """Scaling efficiency against GPU count, one line per labelled series."""
-    fig = new_figure((6, 3.4))
-    ax = fig.subplots()
-    for label, rows in series.items():
-        ax.semilogx([r["gpus"] for r in rows], [r["efficiency"] for r in rows], "o-",
-                    label=label, base=2)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("GPUs (data parallel)")
-    ax.set_ylabel("scaling efficiency")
-    ax.set_title(title or "weak scaling of data parallelism", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return efficiency(series, "gpus", xlabel="GPUs (data parallel)",
+                      title=title or "weak scaling of data parallelism")
 
 

@@ -63,3 +63,21 @@ def scaling(
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def efficiency(series: Mapping[str, Sequence[Mapping[str, float]]], x_key: str, *,
+               xlabel: str, ylabel: str = "scaling efficiency", title: str = "") -> Figure:
+    """Efficiency (0..1) against a power-of-two count (GPUs, a parallel degree), one line per
+    labelled series of rows ``{x_key: count, "efficiency": value}``."""
+    fig = new_figure((6, 3.4))
+    ax = fig.subplots()
+    for label, rows in series.items():
+        ax.semilogx([r[x_key] for r in rows], [r["efficiency"] for r in rows], "o-",
+                    label=label, base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

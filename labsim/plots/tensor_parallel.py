@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from labsim.plots._figure import new_figure
+from labsim.plots.series import efficiency
 
 _COMPUTE, _COMM = "#4C72B0", "#55A868"
 
@@ -37,18 +38,9 @@ def layer_time_bars(rows: Sequence[object], title: str = "") -> Figure:
 def tp_efficiency_curves(series: Mapping[str, Sequence[Mapping[str, float]]],
                          title: str = "") -> Figure:
     """Efficiency (speed-up over one GPU / tp) against the TP degree, one line per series."""
-    fig = new_figure((6, 3.4))
-    ax = fig.subplots()
-    for label, rows in series.items():
-        ax.semilogx([r["tp"] for r in rows], [r["efficiency"] for r in rows], "o-",
-                    label=label, base=2)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("tensor-parallel degree t")
-    ax.set_ylabel("efficiency = speed-up / t")
-    ax.set_title(title or "strong scaling of tensor parallelism", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return efficiency(series, "tp", xlabel="tensor-parallel degree t",
+                      ylabel="efficiency = speed-up / t",
+                      title=title or "strong scaling of tensor parallelism")
 
 
 def activation_bars(rows: Sequence[Mapping[str, float]], capacity_bytes: float | None = None,
