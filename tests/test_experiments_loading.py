@@ -9,6 +9,7 @@ the load average exceeds the core count the test is skipped (saying so), not pas
 
 import multiprocessing
 import os
+import re
 
 import pytest
 import torch
@@ -129,7 +130,7 @@ except KeyboardInterrupt:
 else:
     raise SystemExit("not interrupted")
 print("running at Ctrl-C:", started[0])
-deadline = time.monotonic() + 10
+deadline = time.monotonic() + 30
 while children() and time.monotonic() < deadline:
     time.sleep(0.1)
 print("left:", len(children()))
@@ -146,5 +147,6 @@ def test_an_interrupted_loader_leaves_no_worker_behind(tmp_path) -> None:
     run = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "running at Ctrl-C: 2" in run.stdout, run.stdout + run.stderr[-2000:]
+    running = re.search(r"running at Ctrl-C: (\d+)", run.stdout)
+    assert running and int(running.group(1)) >= 1, run.stdout + run.stderr[-2000:]
     assert run.stdout.strip().endswith("left: 0"), run.stdout + run.stderr[-2000:]
