@@ -92,6 +92,9 @@ def test_real_loader_matches_simulation():
 
 INTERRUPTED = r'''
 import os, signal, threading, time
+# Ctrl-C as a notebook gets it, whatever SIGINT disposition the parent left (SIG_IGN is
+# inherited across exec)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 
 import torch
