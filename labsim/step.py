@@ -34,7 +34,7 @@ import numpy as np
 from labsim import compute
 from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
-from labsim.collectives.nccl import plan_collective
+from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params
 from labsim.network import FoldedNetwork, Placed
@@ -125,19 +125,18 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     n_chunks = plan.pp * plan.virtual_stages
     zero3 = plan.zero_stage == 3 and plan.dp > 1
     op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
+    dp_place = _Placer(net, dp_group)
     for g, ch in enumerate(chunks):
         grad_bytes = ch.params * precision.grad_bytes
         if plan.dp > 1 and not zero3:
             count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
-            buckets.append((net.place(plan_collective(op, round(grad_bytes / count),
-                                                      dp_group), g % plan.pp), count))
+            buckets.append((dp_place(op, round(grad_bytes / count), g % plan.pp), count))
         else:
             buckets.append((None, 0))
     for s in range(plan.pp):
         params = sum(chunks[g].params for g in range(s, n_chunks, plan.pp))
-        gathers.append(net.place(plan_collective(
-            "allgather", round(params * precision.weight_bytes), dp_group), s)
-            if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
+        gathers.append(dp_place("allgather", round(params * precision.weight_bytes), s)
+                       if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
         shard = plan.dp if plan.zero_stage >= 1 else 1
         opt.append(compute.optimizer_time(params / shard, gpu, plan.optimizer, su))
     z_gather = z_reduce = None
@@ -172,14 +171,17 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     # Megatron-LM: 2 all-reduces of the layer output per layer forward and 2 in backward; with
     # sequence parallelism each is a reduce-scatter + an all-gather of the same bytes.
     calls = 2 * (2 if plan.sequence_parallel else 1)
+    tp_place = _Placer(net, tp_group)
+    tp_op = "reduce_scatter" if plan.sequence_parallel else "allreduce"
+    params: dict[int, float] = {}  # a chunk's parameters differ only at the two ends
     out = []
     for g in range(n_chunks):
         stage = g % plan.pp
         last = g == n_chunks - 1
-        tp = None
-        if plan.tp > 1:
-            op = "reduce_scatter" if plan.sequence_parallel else "allreduce"
-            tp = net.place(plan_collective(op, round(lc.tp_bytes), tp_group), stage)
+        tp = tp_place(tp_op, round(lc.tp_bytes), stage) if plan.tp > 1 else None
+        end = g if g in (0, n_chunks - 1) else 1
+        if end not in params:
+            params[end] = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=g))
         rec = calls * per_chunk if plan.recompute == "full" else 0
         f, b = (head_f, head_b) if last else (compute.PassCost(), compute.PassCost())
         out.append(ChunkCost(
@@ -188,7 +190,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             f.time_s, b.time_s,
             per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
             + f.flops + b.flops, per_chunk * lc.model_flops + f.flops + b.flops,
-            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=g)), tp,
+            params[end], tp,
             calls * per_chunk, calls * per_chunk + rec))
     return out
 
@@ -200,13 +202,38 @@ def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
     nbytes = round(plan.micro_batch * model.seq_len * model.hidden * plan.bytes_per_element
                    / plan.tp)
     out: dict[tuple[int, int], Placed] = {}
+    costs: dict[tuple[int, int, int], CollectiveCost] = {}  # by the pair's shape
+    g_node = cluster.gpus_per_node
     p = plan.pp
     for g in range(p * plan.virtual_stages - 1):
         for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
             if (a, b) not in out and a != b:
-                pair = group_of(cluster, [net.rep[a], net.rep[b]])
-                out[(a, b)] = net.place_send(plan_collective("sendrecv", nbytes, pair), a, b)
+                ra, rb = net.rep[a], net.rep[b]
+                shape = (int(ra // g_node == rb // g_node), cluster.nic_of(ra % g_node),
+                         cluster.nic_of(rb % g_node))
+                if shape not in costs:
+                    costs[shape] = plan_collective("sendrecv", nbytes,
+                                                   group_of(cluster, [ra, rb]))
+                out[(a, b)] = net.place_send(costs[shape], a, b)
     return out
+
+
+class _Placer:
+    """``net.place(plan_collective(op, nbytes, group), stage)``, each distinct question asked
+    once: a step asks the same one for every chunk of a stage and every stage alike."""
+
+    def __init__(self, net: FoldedNetwork, group: Group) -> None:
+        self.net, self.group = net, group
+        self._costs: dict[tuple[str, int], CollectiveCost] = {}
+        self._placed: dict[tuple[str, int, int], Placed] = {}
+
+    def __call__(self, op: str, nbytes: int, stage: int) -> Placed:
+        key = (op, nbytes, stage)
+        if key not in self._placed:
+            if (op, nbytes) not in self._costs:
+                self._costs[(op, nbytes)] = plan_collective(op, nbytes, self.group)
+            self._placed[key] = self.net.place(self._costs[(op, nbytes)], stage)
+        return self._placed[key]
 
 
 @dataclass(frozen=True)
