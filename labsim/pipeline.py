@@ -423,6 +423,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
     tables = []
     for s in range(p):  # per (kind, local chunk): what an op of it costs and sends
         table = {}
+        tp_watch = 2 * s in watch or 2 * s + 1 in watch
         for kind in "FB":
             for local in range(plan.virtual_stages):
                 g = local * p + s
@@ -434,8 +435,12 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                 nxt = (g + 1 if fwd else g - 1)
                 out = 0 <= nxt < n_chunks
                 send = c.p2p.get((s, nxt % p)) if out else None
+                # the interval lists of the watched pipes its flows load (no lookups per op)
+                tp_marks = _lists(moving, tp) if tp is not None and tp_watch else ()
+                send_marks = _lists(moving, send) if send is not None else ()
                 table[kind, local] = (fwd, g, (g > 0) if fwd else (g < n_chunks - 1), work,
-                                      tp, calls, nxt if out else -1, send)
+                                      tp, calls, nxt if out else -1, send, tp_marks,
+                                      send_marks)
         tables.append(table)
     last_b = [{op[2]: i for i, op in enumerate(schedule[s]) if op[0] == "B"}
               for s in range(p)]
@@ -448,11 +453,11 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
             if i == n:
                 continue
             bucket_ok = overlap
-            tp_watch = 2 * s in watch or 2 * s + 1 in watch
             start_i = i
             while i < n:
                 kind, mb, local = ops[i]
-                fwd, g, need, work, tp, calls, nxt, send = table[kind, local]
+                fwd, g, need, work, tp, calls, nxt, send, tp_marks, send_marks = \
+                    table[kind, local]
                 if need:
                     a = arrival.get((kind, mb, g))
                     if a is None:
@@ -468,15 +473,20 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                     mid = start + max(work, h * alone)
                     end = mid + (1 - h) * alone
                     planned = end - start
-                    if tp_watch:
-                        mark(moving, tp, start + h * calls * tp.latency_s, start + h * alone)
-                        mark(moving, tp, mid + (1 - h) * calls * tp.latency_s, end)
+                    if tp_marks:
+                        first = (start + h * calls * tp.latency_s, start + h * alone)
+                        second = (mid + (1 - h) * calls * tp.latency_s, end)
+                        for lst in tp_marks:
+                            lst.append(first)
+                            lst.append(second)
                 else:
                     alone = tp.alone_s * calls
                     end = start + work + alone
                     planned = work + alone
-                    if tp_watch:
-                        mark(moving, tp, start + work + calls * tp.latency_s, end)
+                    if tp_marks:
+                        busy_s = (start + work + calls * tp.latency_s, end)
+                        for lst in tp_marks:
+                            lst.append(busy_s)
                 if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
                     bucket, n_buckets = c.buckets[g]
                     for k in range(n_buckets):
@@ -492,8 +502,10 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                     else:
                         arrive = end + send.alone_s
                         arrival[kind, mb, nxt] = arrive
-                        if send.pipes[0] in moving or send.pipes[-1] in moving:
-                            mark(moving, send, end + send.latency_s, arrive)
+                        if send_marks:
+                            moved = (end + send.latency_s, arrive)
+                            for lst in send_marks:
+                                lst.append(moved)
                         if blocking:
                             t = arrive
                 i += 1
@@ -539,6 +551,11 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                 if s1 < e0 - 1e-12 * max(1.0, e0):
                     return None
     return AloneRun(ends, busy, compute_end, times, spans)
+
+def _lists(moving: dict[int, list], placed: Placed) -> tuple[list, ...]:
+    """The interval lists of the watched pipes ``placed`` loads."""
+    return tuple(moving[x] for x in placed.pipes if x in moving)
+
 
 def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> None:
     for x in placed.pipes:
