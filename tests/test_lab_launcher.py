@@ -42,18 +42,36 @@ def test_a_notebook_function_runs_by_value_and_returns_every_rank():
 
 
 def _workers_alive() -> list[str]:
-    """PIDs of launcher workers (``labsim.lab.worker --payload``) of this test session still
-    running."""
-    found = []
+    """PIDs of launcher workers (``labsim.lab.worker --payload``) still running that this test
+    process started (its descendants) or that nothing waits for (orphans, adopted by init);
+    another job's workers on the machine are neither."""
+    parent: dict[str, str] = {}
+    workers = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmd = (proc / "cmdline").read_bytes()
             status = (proc / "status").read_text()
         except OSError:
             continue
-        if b"labsim.lab.worker" in cmd and b"--payload" in cmd and "State:\tZ" not in status:
-            found.append(proc.name)
-    return found
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        parent[proc.name] = fields.get("PPid", "").strip()
+        if b"labsim.lab.worker" in cmd and b"--payload" in cmd and \
+                not fields.get("State", "").startswith("Z"):
+            workers.append(proc.name)
+    me = str(os.getpid())
+
+    def descends(pid: str) -> bool:
+        if parent.get(pid) == "1":
+            return True
+        for _ in range(64):
+            pid = parent.get(pid, "0")
+            if pid == me:
+                return True
+            if pid in ("0", "1", ""):
+                return False
+        return False
+
+    return [w for w in workers if descends(w)]
 
 
 def test_a_worker_that_raises_shows_its_traceback():
