@@ -6,8 +6,6 @@ is named in the review column; every solution scores full marks.
 
 from __future__ import annotations
 
-import csv
-import io
 import sys
 from pathlib import Path
 
@@ -15,8 +13,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import minilab  # noqa: E402
-
-from labsim.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -198,75 +194,93 @@ def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):
     return float(total) if dist.get_rank() == dist.get_world_size() - 1 else 0.0
 '''
 
-# lab, exercises cut, the check column attacked, {attack: (exercise, source), ...}
-CORPUS = [
-    ("00_why_gpus", ["matmul_flops"], "matmul_flops",
-     {"reference": ("matmul_flops", MATMUL_REFERENCE),
-      "table": ("matmul_flops", MATMUL_TABLE)}),
-    ("00_why_gpus", ["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
-    ("03_checkpointing", ["selective_policy"], "selective_policy",
-     {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
-    ("04_flash_attention", ["FlashAttention2"], "flash_attention2",
-     {"autograd_naive": ("FlashAttention2", FA2_AUTOGRAD_NAIVE)}),
-    ("02_mixed_precision", ["DynamicLossScaler"], "loss_scaler",
-     {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)}),
-    ("03_checkpointing", ["checkpointed_forward"], "checkpointed_forward",
-     {"reference": ("checkpointed_forward", CHECKPOINT_REFERENCE)}),
-    ("04_flash_attention", ["tiled_attention"], "tiled_attention",
-     {"sdpa": ("tiled_attention", TILED_SDPA), "rows": ("tiled_attention", TILED_ROWS)}),
-    ("05_kernel_fusion", ["fused_chain"], "fused_chain",
-     {"reference": ("fused_chain", FUSED_REFERENCE)}),
-    ("07_collectives", ["ring_allreduce"], "ring_allreduce",
-     {"library": ("ring_allreduce", RING_LIBRARY), "group": ("ring_allreduce", RING_GROUP)}),
-    ("08_data_parallel", ["BucketDDP"], "bucketed_ddp",
-     {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)}),
-    ("09_zero_fsdp", ["ShardedOptimizer"], "sharded_optimizer",
-     {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)}),
-    ("10_tensor_parallel", ["tp_mlp"], "parallel_mlp",
-     {"whole_mlp": ("tp_mlp", TP_WHOLE_MLP), "reference": ("tp_mlp", TP_REFERENCE)}),
-    ("11_pipeline_parallel", ["pipeline_step"], "pipeline_step",
-     {"reference": ("pipeline_step", PP_REFERENCE),
-      "allreduce": ("pipeline_step", PP_ALLREDUCE)}),
-    ("12_int8_quantization", ["int8_matmul"], "int8_matmul",
-     {"float64": ("int8_matmul", INT8_FLOAT)}),
-]
+# per lab: [(exercises cut, the check column attacked, {attack: (exercise, source)}), ...]
+SINGLE_PROCESS = {
+    "00_why_gpus": [
+        (["matmul_flops"], "matmul_flops", {"reference": ("matmul_flops", MATMUL_REFERENCE),
+                                            "table": ("matmul_flops", MATMUL_TABLE)}),
+        (["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)})],
+    "02_mixed_precision": [
+        (["DynamicLossScaler"], "loss_scaler",
+         {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)})],
+    "03_checkpointing": [
+        (["selective_policy"], "selective_policy",
+         {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
+        (["checkpointed_forward"], "checkpointed_forward",
+         {"reference": ("checkpointed_forward", CHECKPOINT_REFERENCE)})],
+    "04_flash_attention": [
+        (["FlashAttention2"], "flash_attention2",
+         {"autograd_naive": ("FlashAttention2", FA2_AUTOGRAD_NAIVE)}),
+        (["tiled_attention"], "tiled_attention",
+         {"sdpa": ("tiled_attention", TILED_SDPA), "rows": ("tiled_attention", TILED_ROWS)})],
+    "05_kernel_fusion": [
+        (["fused_chain"], "fused_chain", {"reference": ("fused_chain", FUSED_REFERENCE)})],
+    "12_int8_quantization": [
+        (["int8_matmul"], "int8_matmul", {"float64": ("int8_matmul", INT8_FLOAT)})],
+}
+DISTRIBUTED = {
+    "07_collectives": [
+        (["ring_allreduce"], "ring_allreduce", {"library": ("ring_allreduce", RING_LIBRARY),
+                                                "group": ("ring_allreduce", RING_GROUP)})],
+    "08_data_parallel": [
+        (["BucketDDP"], "bucketed_ddp", {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)})],
+    "09_zero_fsdp": [
+        (["ShardedOptimizer"], "sharded_optimizer",
+         {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)})],
+    "10_tensor_parallel": [
+        (["tp_mlp"], "parallel_mlp", {"whole_mlp": ("tp_mlp", TP_WHOLE_MLP),
+                                      "reference": ("tp_mlp", TP_REFERENCE)})],
+    "11_pipeline_parallel": [
+        (["pipeline_step"], "pipeline_step", {"reference": ("pipeline_step", PP_REFERENCE),
+                                              "allreduce": ("pipeline_step", PP_ALLREDUCE)})],
+}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("labs")
-    rows: dict[tuple[str, str, str], dict] = {}
-    for stem, names, column, attacks in CORPUS:
-        here = root / f"{stem}-{column}"
-        lab = minilab.mini_lab(here, stem, names)
-        subs = {"solution": minilab.submission(
-            lab, here / "subs" / "solution.ipynb",
-            **{n: minilab.solution_source(stem, n) for n in names})}
-        for attack, (name, source) in attacks.items():
-            subs[attack] = minilab.submission(lab, here / "subs" / f"{attack}.ipynb",
-                                              **{name: source})
-        out = here / "grades.csv"
-        assert main(["grade", "--lab", str(lab), *map(str, subs.values()), "--out", str(out),
-                     "--jobs", "2", "--timeout-cell", "240", "--timeout-notebook", "400"]) == 0
-        for r in csv.DictReader(io.StringIO(out.read_text())):
-            rows[(stem, column, Path(r["submission"]).stem)] = r
-    return rows
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each class's tests over its own corpus: one row per (lab, check) for the solution, one
+    per attack."""
+    corpus = getattr(metafunc.cls, "CORPUS", None)
+    if corpus is None:
+        return
+    if "attack" in metafunc.fixturenames:
+        cases = [(stem, column, attack) for stem, entries in corpus.items()
+                 for _, column, attacks in entries for attack in attacks]
+        metafunc.parametrize(("stem", "column", "attack"), cases,
+                             ids=[f"{s}-{a}" for s, _, a in cases])
+    elif "column" in metafunc.fixturenames:
+        cases = [(stem, column) for stem, entries in corpus.items() for _, column, _ in entries]
+        metafunc.parametrize(("stem", "column"), cases, ids=[f"{s}-{c}" for s, c in cases])
 
 
-@pytest.mark.parametrize(("stem", "column"), [(s, c) for s, _, c, _ in CORPUS],
-                         ids=[f"{s}-{c}" for s, _, c, _ in CORPUS])
-def test_the_solution_beside_the_attacks_earns_full_marks(graded: dict, stem: str,
-                                                          column: str) -> None:
-    r = graded[(stem, column, "solution")]
-    assert (r["status"], r[column], r["total"] == r["max"], r["review"]) == (
-        "ok", r["max"], True, ""), r
+class _GradedLabs:
+    """Every lab of ``CORPUS`` graded once (``minilab.grade_attacks``); the classes split the
+    corpus so that a parallel run (``pytest -n``, ``--dist loadscope``) grades them side by
+    side."""
+
+    CORPUS: dict = {}
+
+    @pytest.fixture(scope="class")
+    def graded(self, tmp_path_factory: pytest.TempPathFactory) -> dict:
+        root = tmp_path_factory.mktemp("labs")
+        return {stem: minilab.grade_attacks(root / stem, stem, entries)
+                for stem, entries in self.CORPUS.items()}
+
+    def test_the_solution_beside_the_attacks_earns_full_marks(self, graded: dict, stem: str,
+                                                              column: str) -> None:
+        r = graded[stem][(column, "solution")]  # full marks on the lab: on this check too
+        assert (r["status"], float(r[column]) > 0, r["total"] == r["max"], r["review"]) == (
+            "ok", True, True, ""), r
+
+    def test_a_shortcut_scores_zero_and_is_named_for_review(self, graded: dict, stem: str,
+                                                            column: str, attack: str) -> None:
+        r = graded[stem][(column, attack)]
+        assert r[column] == "0", r
+        assert column in r["review"] or "exercise cell calls" in r["review"], r
 
 
-@pytest.mark.parametrize(("stem", "column", "attack"),
-                         [(s, c, a) for s, _, c, attacks in CORPUS for a in attacks],
-                         ids=[f"{s}-{a}" for s, _, _, attacks in CORPUS for a in attacks])
-def test_a_shortcut_scores_zero_and_is_named_for_review(graded: dict, stem: str, column: str,
-                                                        attack: str) -> None:
-    r = graded[(stem, column, attack)]
-    assert r[column] == "0", r
-    assert column in r["review"] or "exercise cell calls" in r["review"], r
+class TestSingleProcessLabs(_GradedLabs):
+    CORPUS = SINGLE_PROCESS
+
+
+class TestDistributedLabs(_GradedLabs):
+    CORPUS = DISTRIBUTED
