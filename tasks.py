@@ -134,8 +134,15 @@ def lab(argv: list[str]) -> int:
         return 0
 
 
+def test_workers() -> int:
+    """Test processes for the suite: one per core, at most 4 (each may run a notebook kernel
+    and a launch of two gloo workers; 4 keep it within a laptop's memory)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def test(argv: list[str]) -> int:
-    """Set up, then run the whole test suite (extra arguments go to pytest)."""
+    """Set up, then run the whole test suite (extra arguments go to pytest; ``-n 0`` runs it
+    in one process)."""
     py = setup("lab,test")
     ensure_chromium()
     os.chdir(ROOT)
@@ -144,7 +151,7 @@ def test(argv: list[str]) -> int:
     steps = [
         [py, "-m", "ruff", "check", "labsim", "tests", "benchmarks", "tasks.py"],
         [py, "-m", "pytest", *suites, "--nbval-lax", "--nbval-cell-timeout=300",
-         "-p", "no:cacheprovider", *argv],
+         "-p", "no:cacheprovider", "-n", str(test_workers()), "--dist", "loadscope", *argv],
     ]
     for step in steps:
         print("+", " ".join(str(s) for s in step), flush=True)
