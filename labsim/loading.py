@@ -86,6 +86,45 @@ def workers_needed(load_time_s: float, step_time_s: float) -> int:
     return max(1, math.ceil(ratio - 1e-9 * max(1.0, ratio)))
 
 
+
+DATA_BOUND_WAIT = 0.05
+"""A run whose mean wait per step is at most this fraction of its mean step kept up with the
+step: its period is S, and it says only that L <= N * S."""
+
+
+def fit_loader_times(runs: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """Calibrate (L, S) from measured runs ``(num_workers, mean_wait_s, mean_step_s)``.
+
+    S is the mean step over all runs.  Each *data-bound* run (wait above
+    ``DATA_BOUND_WAIT`` of its step) gives one estimate of L: in-process the wait is the
+    load (the loop loads, then steps), with N >= 1 workers the period ``wait + step`` is
+    ``L / N``, so ``L = N * (wait + step)``; L is their mean.  A run that kept up with the
+    step (wait about 0) bounds L only (``L <= N * S``) and is left out.
+    """
+    if not runs:
+        raise ValueError("give at least one run (num_workers, mean_wait_s, mean_step_s)")
+    for n, wait, step in runs:
+        _check_workers(n, None)
+        _check_times(wait, step)
+    step_s = sum(step for _, _, step in runs) / len(runs)
+    loads = [wait if n == 0 else n * (wait + step)
+             for n, wait, step in runs if wait > DATA_BOUND_WAIT * step]
+    if not loads:
+        raise ValueError("no run waited for data, so none measures the load time: add a run "
+                         "with fewer workers (num_workers=0 measures it directly)")
+    return sum(loads) / len(loads), step_s
+
+
+def calibrated_steps_per_s(runs: list[tuple[int, float, float]], num_workers: int,
+                           cores: int | None = None) -> float:
+    """Steps per second predicted for ``num_workers`` from L and S fitted to ``runs``.
+
+    ``1 / loader_step_period_s(num_workers, L, S, cores)``: the slower of the loader
+    (``min(N, cores) / L`` batches/s) and the step (``1 / S``) sets the pace.
+    """
+    load_s, step_s = fit_loader_times(runs)
+    return 1.0 / loader_step_period_s(num_workers, load_s, step_s, cores)
+
 def inflight_batches(num_workers: int, prefetch_factor: int) -> int:
     """The most batches the loader holds at once: ``N * prefetch_factor`` (0 in-process)."""
     _check_workers(num_workers, None)

@@ -153,3 +153,46 @@ def test_an_interrupted_loader_leaves_no_worker_behind(tmp_path) -> None:
     running = re.search(r"running at Ctrl-C: (\d+)", run.stdout)
     assert running and int(running.group(1)) >= 1, run.stdout + run.stderr[-2000:]
     assert run.stdout.strip().endswith("left: 0"), run.stdout + run.stderr[-2000:]
+
+
+def test_measured_summary_skips_the_warm_up():
+    times = LoopTimes((1.0, 0.1, 0.1, 0.3, 0.3), (0.2, 0.2, 0.2, 0.4, 0.4))
+    assert times.measured(0, skip=3) == (0, pytest.approx(0.3), pytest.approx(0.4))
+    # default skip: min(half the steps, 2 N + 2) = min(2, 4)
+    assert times.measured(1) == (1, pytest.approx(0.7 / 3), pytest.approx(1.0 / 3))
+
+
+def test_sleepy_batches_validate_and_mark_stragglers():
+    from labsim.lab.datasets import SleepyBatches
+
+    data = SleepyBatches(7, every=3, slow_s=0.0, fast_s=0.0)
+    assert [data.is_slow(i) for i in range(7)] == [False, False, True] * 2 + [False]
+    assert int(data[5]) == 5 and len(data) == 7
+    with pytest.raises(ValueError, match="fast_s <= slow_s"):
+        SleepyBatches(4, every=2, slow_s=0.01, fast_s=0.02)
+    with pytest.raises(ValueError, match=">= 1"):
+        SleepyBatches(4, every=0, slow_s=0.1, fast_s=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_in_order_false_lets_batches_pass_a_straggler():
+    from labsim.experiments.loading import straggler_run
+    from labsim.lab.datasets import SleepyBatches
+
+    data = SleepyBatches(12, every=4, slow_s=0.5, fast_s=0.0)
+    strict = straggler_run(data, in_order=True, step_s=0.01)
+    free = straggler_run(data, in_order=False, step_s=0.01)
+    assert strict.order == tuple(range(12)) and strict.displaced == 0
+    assert sorted(free.order) == list(range(12))  # every batch once, whatever the order
+    assert free.displaced > 0  # a straggler (3, 7, 11) was passed
+    assert free.order.index(3) > 3
+
+
+def test_pin_copy_cost_copies_the_batch_in_a_thread():
+    from labsim.experiments.loading import pin_copy_cost
+
+    cost = pin_copy_cost(4 * 2**20, repeats=3)
+    assert cost.nbytes == 4 * 2**20
+    assert cost.pinned == torch.cuda.is_available()
+    assert cost.wall_s > 0 and cost.cpu_s >= 0 and cost.bandwidth_Bps > 0

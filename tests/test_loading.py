@@ -87,3 +87,26 @@ def test_config_validation_names_the_fix(kwargs, words):
 def test_in_process_loading_ignores_prefetch_factor():
     cfg = LoaderConfig(0, 0, 0.02, 0.01, 4)
     assert cfg.inflight == 0
+
+
+def test_fit_recovers_the_costs_from_runs_that_waited():
+    from labsim.loading import calibrated_steps_per_s, fit_loader_times, loader_step_period_s
+
+    load, step = 0.2, 0.05
+    runs = [(n, loader_step_period_s(n, load, step) - step, step) for n in (0, 1, 3, 8)]
+    assert fit_loader_times(runs) == pytest.approx((load, step))
+    # the 8-worker run kept up (wait 0): used for L it would give 8 * 0.05 = 0.4
+    assert runs[-1][1] == pytest.approx(0.0)
+    assert calibrated_steps_per_s(runs, 2, cores=1) == pytest.approx(1 / load)
+    assert calibrated_steps_per_s(runs, 0) == pytest.approx(1 / (load + step))
+
+
+def test_fit_refuses_runs_that_never_waited():
+    from labsim.loading import fit_loader_times
+
+    with pytest.raises(ValueError, match="none measures the load time"):
+        fit_loader_times([(4, 0.0, 0.05), (2, 0.001, 0.05)])
+    with pytest.raises(ValueError, match="at least one run"):
+        fit_loader_times([])
+    with pytest.raises(ValueError, match="num_workers"):
+        fit_loader_times([(-1, 0.1, 0.05)])

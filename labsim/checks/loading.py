@@ -1,4 +1,5 @@
-"""Checks for the data-loading lab: timing a training loop, predicting the busy fraction, an
+"""Checks for the data-loading lab: timing a training loop, a loader model calibrated from
+measured runs that predicts an unmeasured number of workers, an
 IterableDataset sharded across DataLoader workers (each item once: the duplicate-data bug).
 
 ``time_loop`` runs the learner's loop timer on scripted loaders with a fake clock, so every
@@ -14,7 +15,7 @@ from typing import Any
 
 from labsim.checks._core import Case, Spec, call_each, close
 from labsim.experiments.loading import time_loop as reference_time_loop
-from labsim.loading import loader_busy_fraction
+from labsim.loading import calibrated_steps_per_s, loader_step_period_s
 
 FORBID = ("labsim.experiments.loading:*", "labsim.loading:*", "labsim.sim.loading:*")
 
@@ -91,24 +92,49 @@ time_loop = Spec("time_loop", _time_loop_cases, drive=_drive_loop,
 """``fn(batches, step, sync=..., clock=...) -> (wait_s, step_s)`` on scripted loaders."""
 
 
-def _busy_fraction_cases() -> list[Case]:
-    settings = [
-        ("in the main process (num_workers=0): load, then step", 0, 0.03, 0.01),
-        ("one worker, loading slower than the step", 1, 0.03, 0.01),
-        ("two workers, still too slow", 2, 0.03, 0.01),
-        ("exactly enough workers (3 x 10 ms = 30 ms)", 3, 0.03, 0.01),
-        ("more workers than needed", 8, 0.03, 0.01),
-        ("one worker, loading faster than the step", 1, 0.004, 0.01),
-        ("main process, free loading (cached in memory)", 0, 0.0, 0.02),
-        ("many workers, very slow decode", 16, 1.6, 0.05),
+def _runs(load_s: float, step_s: float, workers: Sequence[int],
+          cores: int | None = None) -> list[tuple[int, float, float]]:
+    """Synthetic measurements ``(N, mean wait, mean step)`` of a loader with known L and S."""
+    out = []
+    for n in workers:
+        period = loader_step_period_s(n, load_s, step_s, cores)
+        out.append((n, round(period - step_s, 12), step_s))
+    return out
+
+
+def _prediction_cases() -> list[Case]:
+    settings = [  # name, measured runs, workers to predict, free cores
+        ("only an in-process run: its wait is the load time L",
+         _runs(0.21, 0.097, [0]), 1, 4),
+        ("one worker that kept the loop waiting: its period is L; predict three",
+         _runs(0.15, 0.1, [1]), 3, 8),
+        ("two workers, still too slow: their period is L / 2",
+         _runs(0.24, 0.05, [2]), 3, 8),
+        ("a run that kept up with the step says nothing about L",
+         _runs(0.03, 0.01, [0, 4]), 2, 8),
+        ("the waiting run comes second", _runs(0.05, 0.02, [3, 1]), 2, 4),
+        ("more workers than free cores: they share the cores",
+         _runs(0.15, 0.05, [1]), 4, 2),
+        ("predict loading in the main process from a worker run",
+         _runs(0.12, 0.04, [2]), 0, 4),
+        ("three runs from starving to fed, predict six workers",
+         _runs(0.4, 0.06, [0, 1, 2, 8]), 6, 16),
     ]
-    return [Case(name, args=(n, load, step), expected=loader_busy_fraction(n, load, step))
-            for name, n, load, step in settings]
+    return [Case(name, args=(runs, n, cores),
+                 expected=calibrated_steps_per_s(runs, n, cores))
+            for name, runs, n, cores in settings]
 
 
-busy_fraction = Spec("busy_fraction", _busy_fraction_cases, compare=close(rtol=1e-6),
-                     forbid=FORBID, ops=False)
-"""``fn(num_workers, load_time_s, step_time_s)``: steady-state busy fraction of the GPU."""
+def _drive_prediction(fns, cases, spec):  # noqa: ANN001, ANN202
+    return call_each([lambda runs, n, cores: fns[0]([tuple(r) for r in runs], n, cores)],
+                     cases, spec)
+
+
+calibrated_prediction = Spec("calibrated_prediction", _prediction_cases,
+                             drive=_drive_prediction, compare=close(rtol=1e-6),
+                             forbid=FORBID, ops=False)
+"""``fn(runs, num_workers, free_cores) -> steps per second``: calibrate L and S from measured
+runs ``(num_workers, mean_wait_s, mean_step_s)`` and predict another number of workers."""
 
 
 # --------------------------------------------------------------------------------------

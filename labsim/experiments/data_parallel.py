@@ -48,7 +48,7 @@ class OverlapTiming:
 
 def overlap_timing_worker(rank: int, world: int, width: int = 768, depth: int = 8,
                           batch: int = 32, cap_bytes: float = 4e6,
-                          repeat: int = 5) -> OverlapTiming:
+                          repeat: int = 3) -> OverlapTiming:
     """Median seconds per training step of an MLP (fp32) on this rank, for: backward only
     (no communication), the gradients' all-reduce alone, naive DDP (all-reduce after
     backward), ``DataParallelBucket`` (overlapped) and ``DistributedDataParallel``."""

@@ -12,6 +12,8 @@
   the label is the class the teacher scores highest.  Points the teacher scores almost equally
   for two classes are dropped (``margin``), so a small student reaches a high test accuracy
   that is worth protecting when it is later quantized.
+* ``SleepyBatches``: batches that take a scripted time to make (a sleep, so no core is busy):
+  every ``every``-th is a straggler, for ``DataLoader(in_order=...)``.
 * ``random_batch``: seeded token ids and next-token targets for a ``labsim.lab.models.GPT``.
 """
 
@@ -96,6 +98,32 @@ class SyntheticImages(torch.utils.data.Dataset):
         return (f"SyntheticImages({self.n_items} items, JPEG {self.side_px}x{self.side_px}"
                 f" -> {self.out_px}x{self.out_px}{heavy})")
 
+
+
+class SleepyBatches(torch.utils.data.Dataset):
+    """Item ``i`` is a whole batch (use ``batch_size=None``): its index as a tensor, made in
+    ``fast_s`` seconds, or ``slow_s`` when ``i % every == every - 1`` (a straggler).
+
+    The time is a sleep, so it costs no core: the run shows the loader's ordering rules, not
+    this machine's load.
+    """
+
+    def __init__(self, n_items: int, every: int, slow_s: float, fast_s: float) -> None:
+        if n_items < 1 or every < 1:
+            raise ValueError(f"n_items={n_items}, every={every}: both must be >= 1")
+        if not 0 <= fast_s <= slow_s:
+            raise ValueError(f"need 0 <= fast_s <= slow_s, got {fast_s}, {slow_s}")
+        self.n_items, self.every, self.slow_s, self.fast_s = n_items, every, slow_s, fast_s
+
+    def __len__(self) -> int:
+        return self.n_items
+
+    def is_slow(self, i: int) -> bool:
+        return i % self.every == self.every - 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.slow_s if self.is_slow(i) else self.fast_s)
+        return torch.tensor(i)
 
 @dataclass(frozen=True)
 class Split:
