@@ -177,7 +177,7 @@ def test_sleepy_batches_validate_and_mark_stragglers():
 @pytest.mark.slow
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_in_order_false_lets_batches_pass_a_straggler():
-    from labsim.experiments.loading import straggler_run
+    from labsim.experiments.loading.options import straggler_run
     from labsim.lab.datasets import SleepyBatches
 
     data = SleepyBatches(12, every=4, slow_s=0.5, fast_s=0.0)
@@ -190,7 +190,7 @@ def test_in_order_false_lets_batches_pass_a_straggler():
 
 
 def test_pin_copy_cost_copies_the_batch_in_a_thread():
-    from labsim.experiments.loading import pin_copy_cost
+    from labsim.experiments.loading.options import pin_copy_cost
 
     cost = pin_copy_cost(4 * 2**20, repeats=3)
     assert cost.nbytes == 4 * 2**20
