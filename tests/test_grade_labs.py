@@ -81,6 +81,13 @@ def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):
         times.append(time.perf_counter() - start)
     return times
 '''
+UTILISATION_ONE_COUNT = '''from torch.utils.flop_counter import FlopCounterMode
+def utilisation(forward, step, step_time_s, peak_flops):
+    with FlopCounterMode(display=False) as counter:
+        forward()
+    flops = 3 * counter.get_total_flops()
+    return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
+'''
 SAVE_EVERYTHING = '''from torch.utils.checkpoint import CheckpointPolicy
 def selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
@@ -204,6 +211,8 @@ CORPUS = [
      {"reference": ("matmul_flops", MATMUL_REFERENCE),
       "table": ("matmul_flops", MATMUL_TABLE)}),
     ("00_why_gpus", ["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
+    ("00_why_gpus", ["mfu", "utilisation"], "utilisation",
+     {"one_count": ("utilisation", UTILISATION_ONE_COUNT)}),
     ("03_checkpointing", ["selective_policy"], "selective_policy",
      {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
     ("04_flash_attention", ["FlashAttention2"], "flash_attention2",
