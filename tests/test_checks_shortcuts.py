@@ -497,3 +497,53 @@ def test_the_graders_step_count_is_flop_counter_modes() -> None:
         with FlopCounterMode(display=False) as counter:
             model(idx, targets)
         assert counter.get_total_flops() * 3 == model.cfg.flops_per_token * idx.numel()
+
+
+# -- lab 01: what is alive after each phase of two training steps ------------------------------
+
+def _timeline(*, lazy: bool = True, frees: bool = True, backward_frees: bool = True):  # noqa: ANN202
+    """A learner's ``predict_timeline`` that gets one of PyTorch's lifetimes wrong."""
+
+    def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):  # noqa: ANN001, ANN202
+        buffers = {"adam": 2, "sgd": 0, "sgd-momentum": 1}[optimizer]
+        grads, state, a = 4 * n_params, 4 * buffers * n_params, activation_bytes
+        early = 0 if lazy else state
+        kept = 0 if set_to_none and frees else grads
+        left = 0 if backward_frees else a
+        return [early + a, early + grads + left, grads + state,
+                state + kept + a, grads + state + left, grads + state + left]
+
+    return predict_timeline
+
+
+@pytest.mark.slow
+def test_the_timeline_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.memory.predict_timeline(exercises("01_memory")["predict_timeline"])
+    assert as_shown(capsys.readouterr().out).strip() == "PASS predict_timeline: 8/8 cases passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cheat", "why"), [
+    (_timeline(lazy=False), r"adam.*\[0\]"),
+    (_timeline(frees=False), r"set_to_none=True.*\[3\]"),
+    (_timeline(backward_frees=False), r"\[1\]"),
+    (lambda n, a, optimizer, set_to_none: [a + 16 * n] * 6, r"\[0\]"),
+], ids=["eager-adam-state", "gradients-never-freed", "activations-outlive-backward",
+        "sixteen-bytes-everywhere"])
+def test_timeline_shortcuts_fail(cheat, why: str) -> None:  # noqa: ANN001
+    import re
+
+    with pytest.raises(CheckFailed, match=re.compile(why, re.S)):
+        check.memory.predict_timeline(cheat)
+
+
+@pytest.mark.slow
+def test_a_timeline_from_labsims_byte_counts_fails() -> None:
+    import labsim
+
+    def from_library(n, a, optimizer, set_to_none):  # noqa: ANN001, ANN202
+        _, grad, state = (b * n for b in labsim.memory.bytes_per_param("fp32", optimizer))
+        return [a, grad, grad + state, state + a, grad + state, grad + state]
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.memory.predict_timeline(from_library)

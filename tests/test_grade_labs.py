@@ -88,6 +88,13 @@ def utilisation(forward, step, step_time_s, peak_flops):
     flops = 3 * counter.get_total_flops()
     return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
 '''
+TIMELINE_EAGER_STATE = '''def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):
+    state = 4 * {"adam": 2, "sgd": 0, "sgd-momentum": 1}[optimizer] * n_params
+    grads, kept = 4 * n_params, 0 if set_to_none else 4 * n_params
+    a = activation_bytes
+    return [state + a, state + grads, grads + state, state + kept + a, grads + state,
+            grads + state]
+'''
 SAVE_EVERYTHING = '''from torch.utils.checkpoint import CheckpointPolicy
 def selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
@@ -213,6 +220,8 @@ CORPUS = [
     ("00_why_gpus", ["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
     ("00_why_gpus", ["mfu", "utilisation"], "utilisation",
      {"one_count": ("utilisation", UTILISATION_ONE_COUNT)}),
+    ("01_memory", ["predict_timeline"], "predict_timeline",
+     {"eager_state": ("predict_timeline", TIMELINE_EAGER_STATE)}),
     ("03_checkpointing", ["selective_policy"], "selective_policy",
      {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
     ("04_flash_attention", ["FlashAttention2"], "flash_attention2",
