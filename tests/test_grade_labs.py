@@ -81,19 +81,16 @@ def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):
         times.append(time.perf_counter() - start)
     return times
 '''
-UTILISATION_ONE_COUNT = '''from torch.utils.flop_counter import FlopCounterMode
-def utilisation(forward, step, step_time_s, peak_flops):
-    with FlopCounterMode(display=False) as counter:
-        forward()
-    flops = 3 * counter.get_total_flops()
+UTILISATION_CLOSED_FORM = '''def utilisation(forward, step, step_time_s, peak_flops):
+    model, idx = forward.__defaults__[:2]
+    flops = model.cfg.flops_per_token * idx.numel()
     return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
 '''
-TIMELINE_EAGER_STATE = '''def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):
-    state = 4 * {"adam": 2, "sgd": 0, "sgd-momentum": 1}[optimizer] * n_params
-    grads, kept = 4 * n_params, 0 if set_to_none else 4 * n_params
+TIMELINE_LIBRARY = '''from labsim.memory import bytes_per_param
+def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):
+    _, grad, state = (b * n_params for b in bytes_per_param("fp32", optimizer))
     a = activation_bytes
-    return [state + a, state + grads, grads + state, state + kept + a, grads + state,
-            grads + state]
+    return [a, grad, grad + state, state + a, grad + state, grad + state]
 '''
 SAVE_EVERYTHING = '''from torch.utils.checkpoint import CheckpointPolicy
 def selective_policy(ctx, op, *args, **kwargs):
@@ -218,10 +215,10 @@ CORPUS = [
      {"reference": ("matmul_flops", MATMUL_REFERENCE),
       "table": ("matmul_flops", MATMUL_TABLE)}),
     ("00_why_gpus", ["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
-    ("00_why_gpus", ["mfu", "utilisation"], "utilisation",
-     {"one_count": ("utilisation", UTILISATION_ONE_COUNT)}),
+    ("00_why_gpus", ["utilisation"], "utilisation",
+     {"closed_form": ("utilisation", UTILISATION_CLOSED_FORM)}),
     ("01_memory", ["predict_timeline"], "predict_timeline",
-     {"eager_state": ("predict_timeline", TIMELINE_EAGER_STATE)}),
+     {"library": ("predict_timeline", TIMELINE_LIBRARY)}),
     ("03_checkpointing", ["selective_policy"], "selective_policy",
      {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
     ("04_flash_attention", ["FlashAttention2"], "flash_attention2",
