@@ -118,3 +118,14 @@ def test_the_triton_forward_refuses_mismatched_inputs() -> None:
     q, k = torch.randn(1, 8, 16), torch.randn(1, 8, 32)
     with pytest.raises(ValueError, match="share"):
         triton_flash_forward()(q, k, k)
+
+
+@pytest.mark.slow
+def test_the_attention_experiments_import_without_triton() -> None:
+    """Triton is optional: importing the module (as lab 04 does) must not import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, labsim.experiments.attention; "
+            "sys.exit('triton' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
