@@ -422,3 +422,125 @@ def test_calling_labsims_accumulate_fails() -> None:
 
     with pytest.raises(CheckFailed, match=REFERENCE):
         check.precision.accumulate(accumulate)
+
+
+# -- lab 00: MFU and HFU from counted FLOPs ----------------------------------------------------
+
+def _utilisation(model_of, hardware_of):  # noqa: ANN001, ANN202
+    """A learner's ``utilisation`` that takes model and hardware FLOPs from the two counts
+    (forward, step) as ``model_of(fwd, step)`` and ``hardware_of(fwd, step)`` say."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def utilisation(forward, step, step_time_s, peak_flops):  # noqa: ANN001, ANN202
+        if step_time_s <= 0 or peak_flops <= 0:
+            raise ValueError("not positive")
+        with FlopCounterMode(display=False) as counter:
+            forward()
+        fwd = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            step()
+        whole = counter.get_total_flops()
+        rate = step_time_s * peak_flops
+        return {"mfu": model_of(fwd, whole) / rate, "hfu": hardware_of(fwd, whole) / rate}
+
+    return utilisation
+
+
+@pytest.mark.slow
+def test_the_utilisation_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.roofline.utilisation(exercises("00_why_gpus")["utilisation"])
+    assert as_shown(capsys.readouterr().out).strip() == "PASS utilisation: 6/6 cases passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cheat", "why"), [
+    (_utilisation(lambda f, s: 3 * f, lambda f, s: 3 * f), r"full recompute.*\['hfu'\]"),
+    (_utilisation(lambda f, s: s, lambda f, s: s), r"full recompute.*\['mfu'\]"),
+    (_utilisation(lambda f, s: 2 * f, lambda f, s: s), r"\['mfu'\]"),
+    (_utilisation(lambda f, s: 3 * f, lambda f, s: 4 * f), r"\['hfu'\]"),
+], ids=["hfu-is-mfu", "mfu-from-the-step", "forward-twice", "one-more-forward"])
+def test_utilisation_shortcuts_fail(cheat, why: str) -> None:  # noqa: ANN001
+    import re
+
+    with pytest.raises(CheckFailed, match=re.compile(why, re.S)):
+        check.roofline.utilisation(cheat)
+
+
+@pytest.mark.slow
+def test_utilisation_from_labsims_closed_form_or_a_table_fails() -> None:
+    def closed_form(forward, step, step_time_s, peak_flops):  # noqa: ANN001, ANN202
+        model, idx = forward.__defaults__[:2]
+        flops = model.cfg.flops_per_token * idx.numel()
+        return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.roofline.utilisation(closed_form)
+    with pytest.raises(CheckFailed, match="FAIL utilisation: 0/6"):
+        check.roofline.utilisation(lambda forward, step, t, peak: {"mfu": 0.168, "hfu": 0.168})
+
+
+def test_the_graders_step_count_is_flop_counter_modes() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labsim.checks.roofline import _gpt_case, executed_step_flops
+
+    for recompute in (False, True):
+        config = {"layers": 2, "hidden": 32, "heads": 2, "seq_len": 16, "vocab": 64,
+                  "batch": 2, "recompute": recompute}
+        model, idx, targets = _gpt_case(config)
+        with FlopCounterMode(display=False) as counter:
+            model(idx, targets)[1].backward()
+        assert executed_step_flops(config) == counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            model(idx, targets)
+        assert counter.get_total_flops() * 3 == model.cfg.flops_per_token * idx.numel()
+
+
+# -- lab 01: what is alive after each phase of two training steps ------------------------------
+
+def _timeline(*, lazy: bool = True, frees: bool = True, backward_frees: bool = True):  # noqa: ANN202
+    """A learner's ``predict_timeline`` that gets one of PyTorch's lifetimes wrong."""
+
+    def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):  # noqa: ANN001, ANN202
+        buffers = {"adam": 2, "sgd": 0, "sgd-momentum": 1}[optimizer]
+        grads, state, a = 4 * n_params, 4 * buffers * n_params, activation_bytes
+        early = 0 if lazy else state
+        kept = 0 if set_to_none and frees else grads
+        left = 0 if backward_frees else a
+        return [early + a, early + grads + left, grads + state,
+                state + kept + a, grads + state + left, grads + state + left]
+
+    return predict_timeline
+
+
+@pytest.mark.slow
+def test_the_timeline_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.memory.predict_timeline(exercises("01_memory")["predict_timeline"])
+    assert as_shown(capsys.readouterr().out).strip() == "PASS predict_timeline: 8/8 cases passed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cheat", "why"), [
+    (_timeline(lazy=False), r"adam.*\[0\]"),
+    (_timeline(frees=False), r"set_to_none=True.*\[3\]"),
+    (_timeline(backward_frees=False), r"\[1\]"),
+    (lambda n, a, optimizer, set_to_none: [a + 16 * n] * 6, r"\[0\]"),
+], ids=["eager-adam-state", "gradients-never-freed", "activations-outlive-backward",
+        "sixteen-bytes-everywhere"])
+def test_timeline_shortcuts_fail(cheat, why: str) -> None:  # noqa: ANN001
+    import re
+
+    with pytest.raises(CheckFailed, match=re.compile(why, re.S)):
+        check.memory.predict_timeline(cheat)
+
+
+@pytest.mark.slow
+def test_a_timeline_from_labsims_byte_counts_fails() -> None:
+    import labsim
+
+    def from_library(n, a, optimizer, set_to_none):  # noqa: ANN001, ANN202
+        _, grad, state = (b * n for b in labsim.memory.bytes_per_param("fp32", optimizer))
+        return [a, grad, grad + state, state + a, grad + state, grad + state]
+
+    with pytest.raises(CheckFailed, match=REFERENCE):
+        check.memory.predict_timeline(from_library)

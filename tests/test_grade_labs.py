@@ -77,6 +77,17 @@ def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):
         times.append(time.perf_counter() - start)
     return times
 '''
+UTILISATION_CLOSED_FORM = '''def utilisation(forward, step, step_time_s, peak_flops):
+    model, idx = forward.__defaults__[:2]
+    flops = model.cfg.flops_per_token * idx.numel()
+    return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
+'''
+TIMELINE_LIBRARY = '''from labsim.memory import bytes_per_param
+def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):
+    _, grad, state = (b * n_params for b in bytes_per_param("fp32", optimizer))
+    a = activation_bytes
+    return [a, grad, grad + state, state + a, grad + state, grad + state]
+'''
 SAVE_EVERYTHING = '''from torch.utils.checkpoint import CheckpointPolicy
 def selective_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE
@@ -199,7 +210,12 @@ SINGLE_PROCESS = {
     "00_why_gpus": [
         (["matmul_flops"], "matmul_flops", {"reference": ("matmul_flops", MATMUL_REFERENCE),
                                             "table": ("matmul_flops", MATMUL_TABLE)}),
-        (["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)})],
+        (["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
+        (["utilisation"], "utilisation",
+         {"closed_form": ("utilisation", UTILISATION_CLOSED_FORM)})],
+    "01_memory": [
+        (["predict_timeline"], "predict_timeline",
+         {"library": ("predict_timeline", TIMELINE_LIBRARY)})],
     "02_mixed_precision": [
         (["DynamicLossScaler"], "loss_scaler",
          {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)})],

@@ -75,3 +75,22 @@ def test_long_sequence_rejected() -> None:
     cfg = Transformer(1, 32, 2, 8, 50)
     with pytest.raises(ValueError, match="seq_len"):
         GPT(cfg)(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_recompute_gives_the_same_gradients_and_keeps_less() -> None:
+    cfg = Transformer(2, 32, 2, 16, 64, tied_embeddings=True)
+    idx, targets = random_batch(cfg, batch=2, seed=0)
+    grads, saved = [], []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = GPT(cfg, recompute=recompute)
+        with MemoryMeter(model) as meter:
+            loss = model(idx, targets)[1]
+        loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+        saved.append(meter.saved_bytes)
+    for plain, recomputed in zip(*grads, strict=True):
+        torch.testing.assert_close(recomputed, plain, rtol=0, atol=0)
+    assert saved[1] < saved[0] / 2  # only each block's input is kept
+    with torch.no_grad():
+        model(idx)  # no checkpoint without gradients

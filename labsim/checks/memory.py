@@ -81,3 +81,38 @@ zero_model_state_bytes = Spec("zero_model_state_bytes", _zero_model_state_bytes_
 """``fn(n_params, stage, dp)`` = model-state bytes per GPU with mixed-precision Adam under
 ZeRO ``stage`` over ``dp`` ranks (Rajbhandari et al. 2020); stage outside 0..3 raises
 ValueError."""
+
+
+# -- what is alive during two training steps, judged against a measurement -----------------
+
+def _predict_timeline_cases() -> list[Case]:
+    from labsim.experiments.memory import step_timeline
+
+    tiny = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "vocab": 64, "batch": 1}
+    mid = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "vocab": 256, "batch": 2}
+    wide = {"layers": 1, "hidden": 128, "heads": 4, "seq_len": 64, "vocab": 512, "batch": 3}
+    specs = [(mid, "adam", True), (mid, "adam", False), (tiny, "sgd-momentum", True),
+             (wide, "sgd", True), (wide, "adam", True), (tiny, "sgd-momentum", False),
+             (mid, "sgd", False)]
+    cases = []
+    for config, optimizer, set_to_none in specs:
+        run = step_timeline(config, optimizer, set_to_none)
+        cases.append(Case(
+            f"GPT l={config['layers']} h={config['hidden']} s={config['seq_len']} "
+            f"b={config['batch']} ({run.n_params:,} parameters, {run.activation_bytes:,} B "
+            f"after the forward), {optimizer}, set_to_none={set_to_none}",
+            (run.n_params, run.activation_bytes, optimizer, set_to_none),
+            expected=list(run.after)))
+    cases.append(Case("an unknown optimizer raises ValueError", (1000, 4000, "lion", True),
+                      compare=raises(ValueError)))
+    return cases
+
+
+predict_timeline = Spec("predict_timeline", _predict_timeline_cases, compare=close(rtol=0),
+                        forbid=(*FORBID, "labsim.experiments.memory:*"))
+"""``fn(n_params, activation_bytes, optimizer, set_to_none) -> [6 byte counts]``: the bytes
+alive (created since training began) after forward 1, backward 1, step 1, forward 2,
+backward 2 and step 2 of fp32 training with ``optimizer`` ("adam", "sgd", "sgd-momentum";
+anything else raises ValueError) and ``zero_grad(set_to_none=...)`` before each step, where
+``activation_bytes`` is what the first forward leaves alive.  Judged against
+``labsim.experiments.memory.step_timeline`` measured on GPTs the learner has not seen."""

@@ -182,3 +182,122 @@ benchmark = Spec("benchmark", _benchmark_cases, drive=_drive_benchmark,
 """``fn(call, *, sync, warmup=1, repeat=5) -> list[float]``: ``warmup`` untimed calls, then
 ``repeat`` timed ones, each with ``sync()`` before the clock starts and before it is read;
 checked on an ``AsyncQueue`` (a simulated asynchronous device) whose first call is slow."""
+
+
+# -- MFU and HFU of a GPT training step, from counted FLOPs --------------------------------
+
+UTILISATION_FORBID = ("labsim.workload:Transformer.flops_per_token",
+                      "labsim.workload:Transformer.flops_forward_per_token",
+                      "labsim.workload:Transformer.training_flops",
+                      "labsim.checks.roofline:executed_step_flops")
+
+
+def _gpt_case(config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """The lab GPT of a case's plain-data ``config``, its batch and targets (seeded)."""
+    import torch
+
+    from labsim.lab.datasets import random_batch
+    from labsim.lab.models import GPT
+    from labsim.workload import Transformer
+
+    cfg = Transformer(config["layers"], config["hidden"], config["heads"], config["seq_len"],
+                      config["vocab"], tied_embeddings=True)
+    torch.manual_seed(0)
+    model = GPT(cfg, recompute=config["recompute"])
+    idx, targets = random_batch(cfg, batch=config["batch"], seed=0)
+    return model, idx, targets
+
+
+def executed_step_flops(config: dict[str, Any]) -> int:
+    """FLOPs one training step (forward, loss, backward) of the case's GPT really executes,
+    recomputation included: 2 x (output elements) x (inner dimension) of every matrix
+    product ATen runs (``mm``, ``addmm``, ``bmm``, ``baddbmm``), read off the dispatcher --
+    the grader's own count, independent of ``FlopCounterMode`` (the lab GPT's attention is
+    written out, so every FLOP it counts is one of these)."""
+    import math
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    plain, fused = (aten.mm, aten.bmm), (aten.addmm, aten.baddbmm)
+
+    class _Matmuls(TorchDispatchMode):
+        flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            out = func(*args, **(kwargs or {}))
+            packet = func.overloadpacket
+            if packet in plain or packet in fused:
+                a = args[0] if packet in plain else args[1]
+                self.flops += 2 * math.prod(out.shape) * a.shape[-1]
+            return out
+
+    model, idx, targets = _gpt_case(config)
+    with _Matmuls() as counter:
+        model(idx, targets)[1].backward()
+    return int(counter.flops)
+
+
+def _utilisation_cases() -> list[Case]:
+    from labsim.workload import Transformer
+
+    # (layers, hidden, heads, seq_len, vocab, batch, recompute, step time s, peak FLOP/s)
+    specs = [(2, 64, 2, 32, 256, 2, False, 0.01, 100e9),
+             (2, 64, 2, 32, 256, 2, True, 0.01, 100e9),
+             (1, 128, 4, 128, 512, 1, True, 0.25, 312e12),
+             (1, 96, 3, 64, 300, 1, False, 2e-3, 989.4e12),
+             (3, 32, 2, 16, 128, 3, True, 1e-3, 19.5e12)]
+    cases = []
+    for layers, hidden, heads, seq, vocab, batch, recompute, t, peak in specs:
+        config = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq,
+                  "vocab": vocab, "batch": batch, "recompute": recompute}
+        cfg = Transformer(layers, hidden, heads, seq, vocab, tied_embeddings=True)
+        model_flops = cfg.flops_per_token * batch * seq
+        name = (f"GPT l={layers} h={hidden} s={seq} V={vocab} b={batch}, "
+                f"{'full recompute' if recompute else 'no recompute'}, "
+                f"{t * 1e3:g} ms, peak {peak / 1e12:g} TFLOP/s")
+        cases.append(Case(name, (config, t, peak), expected={
+            "mfu": model_flops / t / peak, "hfu": executed_step_flops(config) / t / peak}))
+    config = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "vocab": 64, "batch": 1,
+              "recompute": False}
+    cases.append(Case("a zero step time raises ValueError", (config, 0.0, 1e12),
+                      compare=raises(ValueError)))
+    return cases
+
+
+def _drive_utilisation(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+
+    outcomes = []
+    for case in cases:
+        config, t, peak = case.args
+        model, idx, targets = _gpt_case(config)
+
+        def forward(model: Any = model, idx: Any = idx, targets: Any = targets) -> Any:
+            return model(idx, targets)[1]
+
+        def step(model: Any = model, idx: Any = idx, targets: Any = targets) -> None:
+            model.zero_grad(set_to_none=True)
+            model(idx, targets)[1].backward()
+
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                value = fns[0](forward, step, t, peak)
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                continue
+        outcomes.append(plain_outcome(value, seen.summary()))
+    return outcomes
+
+
+utilisation = Spec("utilisation", _utilisation_cases, drive=_drive_utilisation,
+                   compare=close(rtol=1e-9), forbid=UTILISATION_FORBID, ops=False)
+"""``fn(forward, step, step_time_s, peak_flops) -> {"mfu": ..., "hfu": ...}``: ``forward()``
+runs the model's forward pass and returns the loss, ``step()`` runs a whole training step
+(forward, backward; recomputation if the model checkpoints its blocks).  Model FLOPs are 3 x
+the forward's counted FLOPs (the backward is twice the forward); hardware FLOPs are the
+step's counted FLOPs; each over ``step_time_s`` over ``peak_flops``.  A non-positive time or
+peak raises ValueError.  Judged against labsim's closed form (``Transformer.flops_per_token``)
+and the grader's own count of the same step, on GPTs the learner has not seen."""

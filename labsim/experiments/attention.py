@@ -11,7 +11,9 @@ profiling the call and reading the ATen operator's name.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -102,3 +104,67 @@ def flash_loss_curves(steps: int = 30, seed: int = 0) -> dict[str, list[float]]:
             losses.append(loss.item())
         curves[name] = losses
     return curves
+
+
+def triton_available() -> str | None:
+    """None when Triton can be imported, else the reason it cannot (to print or skip on)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        return f"triton is not installed ({exc}); CUDA builds of torch bring it"
+    return None
+
+
+def triton_flash_forward(interpret: bool | None = None
+                         ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The FlashAttention-2 forward kernel (``_triton_attention``), jitted, as
+    ``run(q, k, v, is_causal=False, block_m=64, block_n=64) -> (O, L)`` for q (..., Nq, d),
+    k and v (..., Nk, d) of one dtype on one device: O like q, L = logsumexp of each row of
+    scores (..., Nq) in fp32.  Accumulation is fp32 whatever the inputs (fp32 products in
+    IEEE precision, not TF32).
+
+    ``interpret=None`` compiles the kernel for a CUDA tensor's GPU and runs it in Triton's
+    interpreter (numpy, on the CPU) for CPU tensors; ``True``/``False`` force one.  The
+    setting is scoped (``triton.knobs.runtime.scope``): nothing outside this call changes.
+    Interpreted timings mean nothing -- the interpreter runs every program one after the
+    other in numpy."""
+    import triton
+
+    from labsim.experiments._triton_attention import _fa2_forward
+
+    kernels: dict[bool, Any] = {}
+
+    def kernel(interpreted: bool) -> Any:
+        if interpreted not in kernels:
+            with triton.knobs.runtime.scope():
+                triton.knobs.runtime.interpret = interpreted
+                kernels[interpreted] = triton.jit(_fa2_forward)
+        return kernels[interpreted]
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+            block_m: int = 64, block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (q.dtype == k.dtype == v.dtype) or k.shape != v.shape or (
+                q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]):
+            raise ValueError("q (..., Nq, d), k and v (..., Nk, d) must share batch dims, d "
+                             "and dtype")
+        interpreted = q.device.type != "cuda" if interpret is None else interpret
+        *batch, n_q, d = q.shape
+        n_k = k.shape[-2]
+        heads = math.prod(batch)
+        # Triton 3.9's interpreter misreads bf16 memory (numpy has no bf16): there the
+        # kernel runs on an exact fp32 copy, and O is rounded to bf16 at the end.
+        work = torch.float32 if interpreted and q.dtype == torch.bfloat16 else q.dtype
+        qc, kc, vc = (t.reshape(heads, -1, d).to(work).contiguous() for t in (q, k, v))
+        out = torch.empty_like(qc)
+        lse = torch.empty(heads, n_q, device=q.device, dtype=torch.float32)
+        grid = (triton.cdiv(n_q, block_m), heads)
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpreted
+            kernel(interpreted)[grid](
+                qc, kc, vc, out, lse, n_q, n_k, d, 1.0 / math.sqrt(d),
+                CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n,
+                BLOCK_D=max(16, triton.next_power_of_2(d)),
+                PRECISION="ieee" if work in (torch.float32, torch.float64) else "tf32")
+        return out.to(q.dtype).reshape(q.shape), lse.reshape(*batch, n_q)
+
+    return run

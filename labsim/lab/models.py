@@ -21,6 +21,7 @@ import math
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from labsim.lab.datasets import Split
 from labsim.workload import Transformer
@@ -100,11 +101,16 @@ def causal_mask(t: int, device: torch.device | str = "cpu",
 
 
 class GPT(nn.Module):
-    """Token ids (B, T) -> logits (B, T, V) and, given targets, the mean cross-entropy."""
+    """Token ids (B, T) -> logits (B, T, V) and, given targets, the mean cross-entropy.
 
-    def __init__(self, cfg: Transformer, dropout: float = 0.0, flash: bool = False) -> None:
+    ``recompute=True`` checkpoints every block (``torch.utils.checkpoint``, non-reentrant)
+    while gradients are enabled: the backward pass reruns each block's forward, the "full
+    recomputation" of Korthikanti et al. 2022."""
+
+    def __init__(self, cfg: Transformer, dropout: float = 0.0, flash: bool = False,
+                 recompute: bool = False) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.recompute = cfg, recompute
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.positions == "learned" else None
         self.drop = nn.Dropout(dropout)
@@ -145,7 +151,10 @@ class GPT(nn.Module):
         rope = self.rope(t, idx.device, x.dtype)
         mask = causal_mask(t, idx.device, x.dtype)
         for block in self.blocks:
-            x = block(x, rope, mask)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, rope, mask, use_reentrant=False)
+            else:
+                x = block(x, rope, mask)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
