@@ -126,12 +126,23 @@ def lab(argv: list[str]) -> int:
     try:
         return server.wait()
     except KeyboardInterrupt:  # Ctrl-C reached JupyterLab too: let it shut down, then go
+        return stop(server)
+
+
+def stop(server: subprocess.Popen, grace_s: float = 15) -> int:
+    """Wait for a server that got Ctrl-C; then SIGTERM it, then SIGKILL it, ``grace_s`` apart.
+    A Ctrl-C during start-up (jupyter_lsp's ``npm prefix -g`` scan) can leave JupyterLab
+    waiting forever at exit for a thread that will not end, deaf to SIGTERM too."""
+    for signal_it in (None, server.terminate, server.kill):
+        if signal_it is not None:
+            signal_it()
         try:
-            server.wait(timeout=30)
+            server.wait(timeout=grace_s)
+            break
         except subprocess.TimeoutExpired:
-            server.terminate()
-            server.wait()
-        return 0
+            continue
+    server.wait()
+    return 0
 
 
 def test_workers() -> int:
