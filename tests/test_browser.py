@@ -153,7 +153,13 @@ def open_and_run_all(browser, server, relpath: str):
     deadline = time.monotonic() + 30
     while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
         time.sleep(0.2)
-    return page, json.loads(path.read_text())
+    while True:  # the new mtime can come before the last byte: read until it parses
+        try:
+            return page, json.loads(path.read_text())
+        except json.JSONDecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def widget_snapshot(page) -> str:
