@@ -276,10 +276,11 @@ class _GradedLabs:
     CORPUS: dict = {}
 
     @pytest.fixture(scope="class")
-    def graded(self, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    @classmethod
+    def graded(cls, tmp_path_factory: pytest.TempPathFactory) -> dict:
         root = tmp_path_factory.mktemp("labs")
         return {stem: minilab.grade_attacks(root / stem, stem, entries)
-                for stem, entries in self.CORPUS.items()}
+                for stem, entries in cls.CORPUS.items()}
 
     def test_the_solution_beside_the_attacks_earns_full_marks(self, graded: dict, stem: str,
                                                               column: str) -> None:
