@@ -26,6 +26,7 @@ than declared:
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,6 +246,24 @@ def _gather_flat(tensors: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
     return torch.cat(parts)[:numel].to(torch.float64)
 
 
+def settled_held(log: OpLog, exclude: Sequence[torch.Tensor], polls: int = 50,
+                 wait_s: float = 0.01) -> int:
+    """``log.held_bytes(exclude)`` once what is only briefly alive has died.  A collective's
+    tensors can stay referenced for a moment after the call returns (seen with gloo: the last
+    all-gather's buffer on one rank, freed milliseconds later), so a measurement above
+    ``SLACK_BYTES`` is repeated every ``wait_s`` (a cycle collection once on the way) and the
+    smallest kept.  What a layer really keeps stays."""
+    held = log.held_bytes(exclude)
+    for i in range(polls):
+        if held <= SLACK_BYTES:
+            break
+        time.sleep(wait_s)
+        if i == polls // 10:
+            gc.collect()
+        held = min(held, log.held_bytes(exclude))
+    return held
+
+
 def _build(cls: Callable[..., Any], forbid: Sequence[str]
            ) -> tuple[Any, list[Any], OpLog, list[str]]:
     """The learner's layers around the full model's Linears (equal on every rank), Tanh
@@ -295,8 +314,7 @@ def zero3_worker(rank: int, world: int, cls: Callable[..., Any],
             fwd_log.created.extend(seen.log.created)
             outs.append(h)
         loss = F.mse_loss(h, ys)
-        gc.collect()  # some temporaries of a first call die only in a collection
-        held_forward.append(fwd_log.held_bytes([*params, *outs]))
+        held_forward.append(settled_held(fwd_log, [*params, *outs]))
         del outs
         with watch(forbid, keep_created=True) as seen:
             err = _guard(loss.backward)
@@ -314,12 +332,12 @@ def zero3_worker(rank: int, world: int, cls: Callable[..., Any],
         dist.all_reduce(t)
         losses.append(float(t) / world)
         del h, loss
-    gc.collect()
+    gc.collect()  # module objects of the given Linears may sit in reference cycles
     merged = OpLog(keep_created=True)
     for lg in logs:
         assert merged.created is not None and lg.created is not None
         merged.created.extend(lg.created)
-    observed = {"held_between": merged.held_bytes(params), "held_forward": held_forward,
+    observed = {"held_between": settled_held(merged, params), "held_forward": held_forward,
                 "param_storage": sum(p.untyped_storage().nbytes() for p in params),
                 "originals_alive": sum(not r.expired() for r in originals),
                 "steps": steps, "references": sorted(set(refs))}
