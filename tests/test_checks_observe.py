@@ -159,3 +159,26 @@ def test_trusted_code_an_import_runs_is_not_a_hit(tmp_path) -> None:  # noqa: AN
         wire.disarm()
         sys.path.remove(str(tmp_path))
     assert wire.hits == ["labsim.roofline.matmul_flops"]
+
+
+def test_a_watch_does_not_keep_its_callers_locals_alive() -> None:
+    """The tripwire's boundary frame is dropped on exit: a check that keeps the watch (to read
+    it later) must not keep the tensors of the frame that opened it, or a "no longer held"
+    measurement (lab 09's ZeRO-3 check) would see them alive until a cycle collection."""
+    import gc
+    import weakref
+
+    def opened() -> tuple[watch, weakref.ref]:
+        local = torch.zeros(3)
+        with watch(ROOFLINE, ops=False) as seen:
+            pass
+        return seen, weakref.ref(local)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        seen, ref = opened()
+        assert ref() is None and seen.summary()["references"] == []
+    finally:
+        if enabled:
+            gc.enable()

@@ -136,6 +136,50 @@ ZERO_REPLICATED = '''class ShardedOptimizer:
                     p.grad /= dist.get_world_size()
         self.opt.step()
 '''
+ZERO3_ALLREDUCE = '''def gather_layer(shard, out_features, in_features):
+    full = shard.new_empty(dist.get_world_size() * shard.numel())
+    dist.all_gather_into_tensor(full, shard.detach().contiguous())
+    n = out_features * in_features
+    return full[:n].view(out_features, in_features), full[n:n + out_features]
+
+
+class GatheredLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, shard, out_features, in_features):
+        weight, bias = gather_layer(shard, out_features, in_features)
+        ctx.save_for_backward(x, shard)
+        ctx.features = (out_features, in_features)
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, shard = ctx.saved_tensors
+        out_features, in_features = ctx.features
+        weight, _ = gather_layer(shard, out_features, in_features)
+        gy, xs = grad_y.reshape(-1, out_features), x.reshape(-1, in_features)
+        flat = torch.cat([(gy.T @ xs).reshape(-1), gy.sum(0)])
+        world = dist.get_world_size()
+        padded = flat.new_zeros(world * shard.numel())
+        padded[:flat.numel()] = flat
+        dist.all_reduce(padded)
+        mine = padded.view(world, -1)[dist.get_rank()].clone()
+        return grad_y @ weight, mine / world, None, None
+
+
+class Zero3Linear(nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        self.out_features, self.in_features = linear.out_features, linear.in_features
+        world, rank = dist.get_world_size(), dist.get_rank()
+        flat = torch.cat([linear.weight.detach().reshape(-1), linear.bias.detach()])
+        per = -(-flat.numel() // world)
+        padded = flat.new_zeros(world * per)
+        padded[:flat.numel()] = flat
+        self.shard = nn.Parameter(padded[rank * per:(rank + 1) * per].clone())
+
+    def forward(self, x):
+        return GatheredLinear.apply(x, self.shard, self.out_features, self.in_features)
+'''
 TP_OPERATORS = '''class CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -242,7 +286,8 @@ DISTRIBUTED = {
         (["BucketDDP"], "bucketed_ddp", {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)})],
     "09_zero_fsdp": [
         (["ShardedOptimizer"], "sharded_optimizer",
-         {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)})],
+         {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)}),
+        (["Zero3Linear"], "zero3_linear", {"allreduce": ("Zero3Linear", ZERO3_ALLREDUCE)})],
     "10_tensor_parallel": [
         (["tp_mlp"], "parallel_mlp", {"whole_mlp": ("tp_mlp", TP_WHOLE_MLP),
                                       "reference": ("tp_mlp", TP_REFERENCE)})],

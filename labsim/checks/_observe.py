@@ -174,6 +174,7 @@ class Tripwire:
         if self.codes:
             sys.setprofile(self._saved[0])
             threading.setprofile(self._saved[1])
+        self._boundary = None  # the caller's frame: kept, it would hold its locals in a cycle
 
 
 class _FunctionNames(torch.overrides.TorchFunctionMode):

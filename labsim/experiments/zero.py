@@ -2,10 +2,10 @@
 
 ``bytes_worker`` (inside ``labsim.lab.launch`` workers) takes one MLP through a training step
 under data-parallel Adam (everything replicated, gradients all-reduced), ``ShardedOptimizer``
-around Adam (ZeRO-1), ``Zero3Linear`` layers (ZeRO-3 by hand) and FSDP2's ``fully_shard``
-(ZeRO-3), in fp32 and with a bf16 compute
-dtype (``MixedPrecisionPolicy``), and measures what each rank holds (``labsim.lab.memory``)
-and what its collectives move (``labsim.lab.comm.CommRecorder``, at the dispatcher).
+around Adam (ZeRO-1), ``Zero3Linear`` layers or a learner's (ZeRO-3 by hand) and FSDP2's
+``fully_shard`` (ZeRO-3), in fp32 and with a bf16 compute dtype (``MixedPrecisionPolicy``),
+and measures what each rank holds (``labsim.lab.memory``) and what its collectives move
+(``labsim.lab.comm.CommRecorder``, at the dispatcher).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class RankBytes:
     by_kind: dict[str, int] = field(default_factory=dict)
 
 
-def _wrap(name: str, model: nn.Module, world: int) -> nn.Module:
+def _wrap(name: str, model: nn.Module, world: int, zero3_linear: Any = None) -> nn.Module:
     if name.startswith("FSDP2"):
         policy = None
         if "bf16" in name:
@@ -59,24 +59,25 @@ def _wrap(name: str, model: nn.Module, world: int) -> nn.Module:
                                           reduce_dtype=torch.float32)
         return fsdp_wrap(model, world, mp_policy=policy)
     if name == "ZeRO-3 by hand":
-        return zero3_wrap(model)
+        return zero3_wrap(model, zero3_linear)
     return model
 
 
 def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
-                 batch: int = 8) -> dict[str, RankBytes]:
+                 batch: int = 8, zero3_linear: Any = None) -> dict[str, RankBytes]:
     """One training step of an fp32 MLP per setup of ``SETUPS``; returns {setup: RankBytes}
-    (DTensors counted by their local shard).  The data-parallel run all-reduces its
-    gradients (what DDP would do); ZeRO-1 reduce-scatters them and all-gathers the updated
-    parameters; FSDP2 gathers every layer before its forward and again before its backward
-    and reduce-scatters its gradients."""
+    (DTensors counted by their local shard).  ``zero3_linear``: the ZeRO-3 layer class
+    (``cls(linear)``, a learner's) of "ZeRO-3 by hand"; default ``Zero3Linear``.  The
+    data-parallel run all-reduces its gradients (what DDP would do); ZeRO-1 reduce-scatters
+    them and all-gathers the updated parameters; ZeRO-3 and FSDP2 gather every layer before
+    its forward and again before its backward and reduce-scatter its gradients."""
     device = rank_device()
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(rank)).to(device)
     out: dict[str, RankBytes] = {}
     for name in SETUPS:
         model = _mlp(width, depth).to(device)
         numel = sum(p.numel() for p in model.parameters())
-        model = _wrap(name, model, world)
+        model = _wrap(name, model, world, zero3_linear)
         opt: Any = (ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
                     if name == "ZeRO-1" else torch.optim.Adam(model.parameters(), lr=1e-3))
         with CommRecorder() as rec:

@@ -220,12 +220,14 @@ class Zero3Linear(nn.Module):
         return _GatheredLinear.apply(x, self.shard, self.out_features, self.in_features)
 
 
-def zero3_wrap(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` child of ``model`` (a ``nn.Sequential``, say) by a
-    ``Zero3Linear`` holding this rank's shard; the ranks must start from equal weights."""
+def zero3_wrap(model: nn.Module, layer_cls: Any = None) -> nn.Module:
+    """Replace every ``nn.Linear`` child of ``model`` (a ``nn.Sequential``, say) by
+    ``layer_cls(child)`` (default ``Zero3Linear``) holding this rank's shard; the ranks must
+    start from equal weights."""
+    make = layer_cls if layer_cls is not None else Zero3Linear
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, Zero3Linear(child))
+            setattr(model, name, make(child))
     return model
 
 

@@ -1,6 +1,7 @@
 """Checks for lab 09 (ZeRO and FSDP): a learner's ZeRO-1 optimizer (``cls(params,
 optimizer_cls, **kwargs)``, wrapping any ``torch.optim`` class) on 2 real gloo processes against
-the unsharded optimizer in one process on the whole batch, and the ZeRO formulas against
+the unsharded optimizer in one process on the whole batch, a learner's ZeRO-3 layer
+(``zero3.py``: ``zero3_linear``) the same way, and the ZeRO formulas against
 ``labsim.training_memory`` (Rajbhandari et al. 2020).
 
 Two optimizers are tried: Adam, and AdamW with weight decay over two parameter groups with
@@ -38,6 +39,7 @@ from labsim.checks.data_parallel import (
     _spread,
     batches,
 )
+from labsim.checks.zero.zero3 import REDUCE_SCATTER, zero3_linear
 from labsim.lab.profile import OpLog
 from labsim.memory import training_memory
 from labsim.parallel.data_parallel import (
@@ -51,8 +53,6 @@ from labsim.parallel.data_parallel import (
 
 LR = 0.05
 SLACK_BYTES = 4096
-REDUCE_SCATTER = ("c10d::reduce_scatter_", "c10d::_reduce_scatter_base_",
-                  "c10d::reduce_scatter_tensor_coalesced_")
 FORBID_ZERO = (*FORBID, "labsim.parallel.zero:ShardedOptimizer",
                "torch.distributed.optim.zero_redundancy_optimizer:ZeroRedundancyOptimizer")
 FORBID_FORMULA = ("labsim.memory:*",)
