@@ -17,7 +17,8 @@ Sections (each stands alone; a failure is recorded with its error and the others
 * 02 a GPT training step in fp32 and under autocast(bf16): time and peak memory;
 * 03 checkpointing a residual MLP: none against every layer, peak memory and time;
 * 04 attention forward + backward by sequence length: naive against each SDPA backend
-  (math, memory-efficient, flash, cuDNN), time and peak memory;
+  (math, memory-efficient, flash, cuDNN), time and peak memory; the lab's Triton
+  FlashAttention-2 forward against SDPA's forward, time and largest difference;
 * 05 the lab's element-wise chain: eager, ``torch.compile``, and compiled with CUDA graphs
   (``mode="reduce-overhead"``), by tensor size;
 * 06 host-to-device copies: pageable against pinned, and a pinned copy on a side stream while
@@ -197,7 +198,39 @@ def lab04() -> dict:
             except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                 rows.append({"n": n, "kernel": name, "error": str(exc).splitlines()[0][:200]})
             torch.cuda.empty_cache()
-    return {"forward_backward": rows, "triton_forward": "no Triton solution in the labs yet"}
+    return {"forward_backward": rows, "triton_forward": triton_forward(dev)}
+
+
+def triton_forward(dev: torch.device) -> list[dict] | str:
+    """Lab 04's Triton FlashAttention-2 forward (``experiments.attention``) against SDPA's
+    forward: time and largest difference from SDPA, bf16, causal and not."""
+    try:
+        from labsim.experiments.attention import triton_flash_forward
+        run = triton_flash_forward()
+    except ImportError as exc:
+        return f"triton is not importable: {exc}"
+    import torch.nn.functional as F
+
+    rows = []
+    for n in (1024, 4096, 8192):
+        q, k, v = (torch.randn(4, 16, n, 64, device=dev, dtype=torch.bfloat16)
+                   for _ in range(3))
+        for causal in (False, True):
+            row: dict[str, Any] = {"n": n, "causal": causal}
+            try:
+                out, _ = run(q, k, v, is_causal=causal)
+                ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                row["max_abs_diff_vs_sdpa"] = float((out.float() - ref.float()).abs().max())
+                row["triton_s"] = cuda_time(
+                    lambda q=q, k=k, v=v, c=causal: run(q, k, v, is_causal=c), 2, 5)
+                row["sdpa_s"] = cuda_time(
+                    lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
+                        q, k, v, is_causal=c), 2, 5)
+            except Exception as exc:  # a compile or launch failure is the finding to record
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            torch.cuda.empty_cache()
+    return rows
 
 
 def lab05() -> dict:
