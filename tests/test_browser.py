@@ -235,7 +235,9 @@ def test_solution_runs_clean_and_its_widget_reacts(browser, server) -> None:
         assert widget_figures(page) == 1, "the widget cell should show exactly one figure"
         assert widget_reacts(page), "the widget did not change when its slider moved"
         page.wait_for_selector(IDLE, timeout=60_000)
-        page.wait_for_timeout(1000)  # the redraw runs just after the change
+        deadline = time.monotonic() + 15  # the redraw lands just after the kernel is idle
+        while widget_figures(page) != 1 and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
         assert widget_figures(page) == 1, "a redraw left other than one figure on show"
         page.locator(".jp-OutputArea .widget-slider").first.scroll_into_view_if_needed()
     finally:
@@ -261,7 +263,13 @@ def test_a_saved_lab_reopens_showing_its_figures(browser, server) -> None:
     try:
         page.goto(f"{base}/lab/workspaces/reopen/tree/{relpath}?reset&token={token}")
         page.wait_for_selector(f"{PANEL} .jp-Cell", timeout=120_000)
-        page.wait_for_timeout(3000)
+        try:  # the widget manager restores the saved state after the cells render
+            page.wait_for_function(
+                """() => { const s = document.querySelector('.jp-OutputArea .widget-slider');
+                           return s && s.closest('.jp-OutputArea').querySelector('img'); }""",
+                timeout=60_000)
+        except sync_api.TimeoutError:
+            pass  # the assertions below say what is on show instead
         text = page.inner_text(".jp-Notebook")
         assert "model not found" not in text and "Error displaying widget" not in text
         assert widget_figures(page) >= 1, "the reopened explorer shows no figure"
