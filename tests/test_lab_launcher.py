@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def test_a_notebook_function_runs_by_value_and_returns_every_rank():
 
 
 def _workers_alive() -> list[str]:
-    """PIDs of launcher workers (``labsim.lab.worker --payload``) still running that this test
+    """PIDs of launcher workers (``labsim.lab.worker --payload``, or a process the zygote forked
+    and named ``labsim-worker``) still running that this test
     process started (its descendants) or that nothing waits for (orphans, adopted by init);
     another job's workers on the machine are neither."""
     parent: dict[str, str] = {}
@@ -55,8 +57,9 @@ def _workers_alive() -> list[str]:
             continue
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
         parent[proc.name] = fields.get("PPid", "").strip()
-        if b"labsim.lab.worker" in cmd and b"--payload" in cmd and \
-                not fields.get("State", "").startswith("Z"):
+        worker = (b"labsim.lab.worker" in cmd and b"--payload" in cmd) or \
+            fields.get("Name", "").strip() == "labsim-worker"  # forked by the zygote
+        if worker and not fields.get("State", "").startswith("Z"):
             workers.append(proc.name)
     me = str(os.getpid())
 
@@ -156,3 +159,109 @@ def test_progress_shows_ranks_finishing_then_erases_itself(capsys) -> None:
     assert "ring demo" in out and "2/2" in out
     [kept] = coalesce_streams([new_output("stream", name="stdout", text=out)])
     assert kept.text == "PASS ring: 3/3 cases passed\n"
+
+
+STATE_CELL = '''
+import os, sys
+import torch
+
+def leave_a_mark(rank, world):
+    torch.distributed.all_reduce = lambda *a, **k: None   # a cheat, in this worker only
+    torch._left_by_an_earlier_launch = True
+    return os.getppid()
+
+def look(rank, world, name):
+    import importlib
+    return (hasattr(torch, "_left_by_an_earlier_launch"),
+            torch.distributed.all_reduce.__module__, os.environ.get(name),
+            importlib.import_module("fresh_module").VALUE, os.getppid())
+'''
+
+
+def test_each_launch_gets_fresh_workers_that_see_the_launchers_environment_and_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers forked from the zygote start from the zygote, never from an earlier launch's
+    worker, and see what the launcher set after the zygote started (environment, sys.path)."""
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(STATE_CELL, "<notebook cell>", "exec"), ns)
+    parents = launch(ns["leave_a_mark"], 2, timeout_s=120)
+    assert all(p != os.getpid() for p in parents)  # forked by the zygote, not by this process
+    (tmp_path / "fresh_module.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LABSIM_TEST_SET_LATER", "seen")
+    marked, module, seen, value, _ = launch(ns["look"], 2, args=("LABSIM_TEST_SET_LATER",),
+                                            timeout_s=120)[1]
+    assert (marked, module, seen, value) == (
+        False, "torch.distributed.distributed_c10d", "seen", 42)
+    assert _workers_alive() == []
+
+
+def test_fresh_interpreters_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LABSIM_LAUNCH_FRESH", "1")
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(STATE_CELL, "<notebook cell>", "exec"), ns)
+    assert list(launch(ns["leave_a_mark"], 2, timeout_s=120)) == [os.getpid()] * 2
+
+
+def test_workers_and_zygote_end_when_the_launching_process_is_killed() -> None:
+    """A kernel killed mid-launch (a restart) leaves no worker and no zygote behind."""
+    script = NOTEBOOK_CELL + '''
+import time
+from labsim.lab.launcher import launch
+
+def sleeps(rank, world):
+    time.sleep(3600)
+
+print("launching", flush=True)
+launch(sleeps, 2, timeout_s=3600)
+'''
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "launching"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_descendants(proc.pid, "labsim-worker")) < 2:
+            time.sleep(0.2)
+        assert len(_descendants(proc.pid, "labsim-worker")) == 2
+        everything = _descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(pid) for pid in everything):
+        time.sleep(0.2)
+    assert [pid for pid in everything if _running(pid)] == []
+
+
+def _descendants(root: int, name: str | None = None) -> list[int]:
+    """Processes below ``root`` (with ``name`` as their /proc comm, if given)."""
+    parents, names = {}, {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in (proc / "status").read_text()
+                          .splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        parents[int(proc.name)] = int(fields.get("PPid", "0").strip() or 0)
+        names[int(proc.name)] = fields.get("Name", "").strip()
+    found = []
+    for pid in parents:
+        up = pid
+        for _ in range(64):
+            up = parents.get(up, 0)
+            if up == root:
+                if name is None or names[pid] == name:
+                    found.append(pid)
+                break
+            if up in (0, 1):
+                break
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in state

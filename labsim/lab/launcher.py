@@ -18,8 +18,12 @@ The same workers run under torchrun on a real node, with no launcher involved::
 
     torchrun --nproc_per_node=8 -m labsim.lab.worker labsim.checks.collectives.reference:demo
 
-Each launch costs seconds (every worker imports torch): batch a lab's real runs into few
-launches.  In a notebook::
+On Linux CPUs the workers are forked from a zygote that imported torch once, at the first
+launch (``labsim.lab.zygote``): a launch then costs a fraction of a second plus the work, and
+each worker is still a fresh process.  With ``env`` given, with the NCCL backend, elsewhere
+than Linux, or with ``LABSIM_LAUNCH_FRESH=1`` in the environment, every worker is a new
+interpreter (seconds each: it imports torch).  Batch a lab's real runs into few launches.  In a
+notebook::
 
     def my_allreduce(rank, world, n):          # defined in a cell: shipped by value
         t = torch.full((n,), float(rank))
@@ -37,13 +41,17 @@ args=(learner_fn, cases))``) so one launch runs every case.
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,7 +135,7 @@ def _default_backend(nprocs: int) -> str:
     return "gloo"
 
 
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
+def _kill(procs: Sequence[subprocess.Popen | _Forked]) -> None:
     for p in procs:
         if p.poll() is None:
             try:
@@ -184,16 +192,21 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
                                              [base.get("PYTHONPATH", "")])
         base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                      "WORLD_SIZE": str(nprocs), "LABSIM_PARENT_PID": str(os.getpid())})
-        procs: list[subprocess.Popen] = []
+        procs: list[subprocess.Popen | _Forked] = []
         logs = [tmpdir / f"rank{r}.log" for r in range(nprocs)]
         results = [tmpdir / f"rank{r}.result" for r in range(nprocs)]
+        zygote = _zygote() if _forkable(env, backend) else None
         try:
             for r in range(nprocs):
                 wenv = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+                argv = ["--payload", str(payload), "--result", str(results[r])]
+                forked = zygote.fork(argv, wenv, logs[r]) if zygote is not None else None
+                if forked is not None:
+                    procs.append(forked)
+                    continue
                 with open(logs[r], "wb") as log:
                     procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "labsim.lab.worker", "--payload", str(payload),
-                         "--result", str(results[r])],
+                        [sys.executable, "-m", "labsim.lab.worker", *argv],
                         env=wenv, stdout=log, stderr=subprocess.STDOUT,
                         start_new_session=True))
             with _progress_bar(progress, nprocs) as bar:
@@ -204,6 +217,113 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
         return LaunchResult(tuple(o.value for o in outcomes),
                             tuple(_tail(lg, 100_000) for lg in logs), backend,
                             time.perf_counter() - start)
+
+
+def _forkable(env: Mapping[str, str] | None, backend: str) -> bool:
+    """Whether this launch's workers may be forked from the zygote (module doc)."""
+    return (not env and backend == "gloo" and sys.platform == "linux" and hasattr(os, "fork")
+            and os.environ.get("LABSIM_LAUNCH_FRESH", "") in ("", "0"))
+
+
+class _Forked:
+    """A worker forked by the zygote, with the part of ``subprocess.Popen`` the launcher uses;
+    the zygote writes its exit status to ``exit_path``."""
+
+    def __init__(self, pid: int, exit_path: Path, zygote: _Zygote) -> None:
+        self.pid = pid
+        self.exit_path = exit_path
+        self.zygote = zygote
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self.exit_path.read_text())
+            except (OSError, ValueError):
+                if self.zygote.proc.poll() is not None and not _alive(self.pid):
+                    self.returncode = -signal.SIGKILL  # ended with its zygote
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.perf_counter() + timeout
+        while self.poll() is None:
+            if time.perf_counter() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Zygote:
+    """The launching process's zygote (``labsim.lab.zygote``): one request, one forked worker."""
+
+    READY_S = 120.0  # importing torch on a loaded laptop
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "labsim.lab.zygote"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1,
+            start_new_session=True)
+        self.lock = threading.Lock()
+        self.ready = self._reply(self.READY_S).get("ready", False)
+
+    def _reply(self, timeout_s: float) -> dict:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        try:
+            return json.loads(line) if line else {}
+        except ValueError:
+            return {}
+
+    def alive(self) -> bool:
+        return self.ready and self.proc.poll() is None
+
+    def fork(self, argv: list[str], env: Mapping[str, str], log: Path) -> _Forked | None:
+        """A worker running ``labsim.lab.worker`` with ``argv``, or None if the zygote is gone
+        (the caller then starts a fresh interpreter)."""
+        exit_path = log.with_suffix(".exit")
+        request = {"argv": argv, "env": dict(env), "path": [p for p in sys.path if p],
+                   "log": str(log), "exit": str(exit_path)}
+        with self.lock:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                return None
+            pid = self._reply(30.0).get("pid")
+        return _Forked(pid, exit_path, self) if isinstance(pid, int) else None
+
+
+def _zygote() -> _Zygote | None:
+    """This process's zygote, started at the first call (and again if it died); None if it
+    cannot start."""
+    zygote = _zygote_of(os.getpid())
+    if not zygote.alive():
+        _zygote_of.cache_clear()
+        zygote = _zygote_of(os.getpid())
+    return zygote if zygote.alive() else None
+
+
+@functools.cache
+def _zygote_of(pid: int) -> _Zygote:
+    """One zygote per launching process (keyed by pid: a forked child starts its own)."""
+    return _Zygote()
 
 
 def _read(path: Path) -> WorkerOutcome:
@@ -220,7 +340,7 @@ def _first_error(results: Sequence[Path]) -> tuple[int, WorkerOutcome] | None:
     return min(failed, key=lambda ro: (ro[1].finished_at, ro[0]), default=None)
 
 
-def _settle(procs: Sequence[subprocess.Popen], seconds: float) -> None:
+def _settle(procs: Sequence[subprocess.Popen | _Forked], seconds: float) -> None:
     """Wait up to ``seconds`` for every process to exit."""
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline and any(p.poll() is None for p in procs):
@@ -263,8 +383,8 @@ def _show(bar: _Bar | None, results: Sequence[Path], elapsed_s: float) -> None:
     bar.set_postfix_str(f"{elapsed_s:.0f} s")
 
 
-def _wait(procs: Sequence[subprocess.Popen], results: Sequence[Path], logs: Sequence[Path],
-          start: float, timeout_s: float, bar: _Bar | None = None) -> None:
+def _wait(procs: Sequence[subprocess.Popen | _Forked], results: Sequence[Path],
+          logs: Sequence[Path], start: float, timeout_s: float, bar: _Bar | None = None) -> None:
     """Block until every worker is done; raise on a worker's error, a crash or the timeout.
 
     A worker that has written its result but does not exit (stuck tearing down its process

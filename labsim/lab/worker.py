@@ -37,11 +37,25 @@ def resolve(spec: str) -> Any:
     return obj
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit if the launching process dies (no orphan workers after a kernel restart)."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parent(launcher: int) -> None:
+    """Exit if the launching process dies (no orphan workers after a kernel restart): the
+    launcher itself, or the zygote that forked this worker (``labsim.lab.zygote``), which
+    ends with it."""
+    parent = os.getppid()
+
     def loop() -> None:
         while True:
-            if os.getppid() != parent:
+            if os.getppid() != parent or not _alive(launcher):
                 os._exit(3)
             time.sleep(0.5)
     threading.Thread(target=loop, daemon=True).start()
