@@ -82,6 +82,9 @@ class StepCosts:
     zero3_reduce: Placed | None
     zero3_units: int  # units per layer
     zero3_extra: tuple[Placed | None, Placed | None]  # embedding/head gather and reduce
+    # seconds each ZeRO-3 gather costs besides its collective: (one unit, the embedding's);
+    # the profile's host work per rank and extra HBM passes (``labsim.software``)
+    zero3_gather_extra_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def stages(self) -> int:
@@ -142,6 +145,7 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     z_gather = z_reduce = None
     z_extra: tuple[Placed | None, Placed | None] = (None, None)
     units = 1
+    overhead = (0.0, 0.0)
     if zero3:
         units = 4 if soft.zero3_unit == "tensor" else 1
         layer = model.params_per_layer / plan.tp
@@ -154,9 +158,21 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group), 0),
                    net.place(plan_collective(soft.zero3_grad_op, round(
                        extra * precision.grad_bytes), dp_group), 0))
+        overhead = (_gather_overhead_s(soft, plan.dp, layer * w / units, gpu, su),
+                    _gather_overhead_s(soft, plan.dp, extra * w, gpu, su))
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
                      tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
-                     z_extra)
+                     z_extra, overhead)
+
+
+def _gather_overhead_s(soft: SoftwareProfile, ranks: int, nbytes: float, gpu: GPU,
+                       sustained: float) -> float:
+    """Seconds one ZeRO-3 all-gather of ``nbytes`` over ``ranks`` costs besides NCCL: the
+    profile's host work per rank (a list element, a copy launched, ``labsim.software``) and
+    its extra passes of the gathered bytes through HBM."""
+    hbm = (compute.memory_time(soft.zero3_gather_hbm_passes * nbytes, gpu, sustained)
+           if soft.zero3_gather_hbm_passes else 0.0)
+    return ranks * soft.zero3_host_s_per_rank + hbm
 
 
 def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluster,
@@ -480,7 +496,7 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     ch = c.chunks[0]
     layers, units, k = ch.layers, c.zero3_units, plan.zero3_prefetch
     again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
-    g_f = units * c.zero3_gather.alone_s
+    g_f = units * (c.zero3_gather.alone_s + c.zero3_gather_extra_s[0])
     g_b = again * g_f
     r = units * c.zero3_reduce.alone_s
     c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
@@ -491,7 +507,8 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
             return layers * (gather + compute) + reduce
         return gather + (layers - 1) * max(compute, gather + reduce) + compute + reduce
 
-    extra_g = c.zero3_extra[0].alone_s if c.zero3_extra[0] is not None else 0.0
+    extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
+               if c.zero3_extra[0] is not None else 0.0)
     extra_r = c.zero3_extra[1].alone_s if c.zero3_extra[1] is not None else 0.0
     per_mb = (extra_g + phase(g_f, c_f, 0.0) + ch.head_fwd + phase(g_b, c_b, r) + ch.head_bwd
               + extra_r)
