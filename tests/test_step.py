@@ -62,6 +62,44 @@ def test_zero3_gathers_every_layer_twice_and_reduces_once_every_micro_batch():
     assert ds.step_time_s > fsdp.step_time_s
 
 
+def test_deepspeed_2021_gathers_cost_host_work_per_rank_and_extra_hbm_passes():
+    from labsim.software import PROFILES
+
+    ds = PROFILES["deepspeed-zero3-2021"]
+    bare = replace(ds, name="bare", zero3_host_s_per_rank=0.0, zero3_gather_hbm_passes=0.0)
+    host = replace(bare, name="host", zero3_host_s_per_rank=ds.zero3_host_s_per_rank)
+
+    def run(prof, nodes, face=simulate_step):
+        n = 8 * nodes
+        plan = Plan(dp=n, global_batch=n, zero_stage=3, recompute="full", software=prof)
+        return face(SMALL, labsim.dgx_a100(nodes), plan, memory=False).step_time_s
+
+    c = step_costs(SMALL, labsim.dgx_a100(2), Plan(dp=16, global_batch=16, zero_stage=3,
+                                                    software=host))
+    assert c.zero3_gather_extra_s == pytest.approx((16 * ds.zero3_host_s_per_rank,) * 2)
+    # the host work grows with the ranks of the group (one list element each), the gathered
+    # bytes per GPU do not; the HBM passes cost time of their own
+    for nodes in (1, 4):
+        calls = (4 + 8) * SMALL.layers + 1  # forward, recompute and backward; the embedding
+        added = run(host, nodes) - run(bare, nodes)
+        # (the embedding's gather can overlap the tail of the previous stream: within 1 %)
+        assert added == pytest.approx(calls * 8 * nodes * ds.zero3_host_s_per_rank, rel=0.01)
+    assert run(ds, 1) > run(host, 1)
+    for nodes in (1, 4):  # the two faces price it alike
+        assert run(ds, nodes, estimate_step) == pytest.approx(run(ds, nodes), rel=0.02)
+
+
+@pytest.mark.parametrize("field, value", [("zero3_host_s_per_rank", -1e-6),
+                                          ("zero3_host_s_per_rank", float("inf")),
+                                          ("zero3_gather_hbm_passes", -1),
+                                          ("fitted", "bucket_bytes")])
+def test_a_profile_refuses_negative_costs_and_unfittable_values(field, value):
+    from labsim.software import PROFILES
+
+    with pytest.raises(ValueError, match=field):
+        replace(PROFILES["deepspeed-zero3-2021"], **{field: value})
+
+
 def test_zero3_prefetch_hides_gathers_and_memory_counts_the_gathered_layers():
     slow = labsim.pcie_box(1)
     base = Plan(dp=8, global_batch=16, zero_stage=3)
@@ -275,8 +313,8 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
     assert statistics.median(cal) <= 0.02 and max(cal) <= 0.11
-    assert statistics.median(held) <= 0.06
-    # without DeepSpeed's ZeRO-3 of 2021 (not explained, docs/step.md) every run is within 20 %
+    assert statistics.median(held) <= 0.06 and max(held) <= 0.21
+    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 20 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
             and r.plan_spec["software"] != "deepspeed-zero3-2021"]
