@@ -9,7 +9,8 @@ Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (softwa
 GPU generation), the profile's one fitted value (``SoftwareProfile.fitted``: the sustained
 fraction, or DeepSpeed 2021's host seconds per rank per ZeRO-3 gather) that minimises the
 mean squared log error over that profile's calibration runs only (``labsim.published.runs()``,
-role "calibration"); held-out runs are never used.  The values to paste into ``labsim.software`` are printed.
+role "calibration"); held-out runs are never used.  The values to paste into
+``labsim.software`` are printed.
 """
 
 from __future__ import annotations

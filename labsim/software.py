@@ -2,8 +2,9 @@
 
 A ``Plan`` names a profile (``Plan(software="megatron-core-te")``); the step model reads from it
 how the framework communicates and overlaps, and how much of the isolated-kernel speed it
-sustains.  Every value carries its provenance; ``sustained`` is the only fitted number, one
-per (profile, GPU generation), each on a named calibration set of published runs
+sustains.  Every value carries its provenance; each profile has one fitted number (``fitted``:
+the sustained fraction per GPU generation, or for DeepSpeed 2021 the host seconds per rank of
+a ZeRO-3 gather), each on a named calibration set of published runs
 (``labsim.published.runs()``, ``benchmarks/step.py`` prints the fit and the held-out errors).
 
 Fields:

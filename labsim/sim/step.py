@@ -20,9 +20,9 @@ traffic slow each other wherever they share a GPU port or a NIC.
 * ZeRO-3 (pp = 1): every layer's parameters are all-gathered before its forward and again
   before its backward, in the profile's units (a layer, or each weight tensor), up to
   ``zero3_prefetch`` layers ahead on a gather stream, each gather longer by the profile's
-  work around it (host work per rank, extra HBM passes: ``StepCosts.zero3_gather_extra_s``); each layer's gradients are
-  reduce-scattered (or all-reduced) after its backward on a reduce stream -- every
-  micro-batch, so accumulation does not amortise them.
+  work around it (host work per rank, extra HBM passes: ``StepCosts.zero3_gather_extra_s``);
+  each layer's gradients are reduce-scattered (or all-reduced) after its backward on a
+  reduce stream -- every micro-batch, so accumulation does not amortise them.
 
 A bucket's ready time is its share of the backward op as planned alone (the op may end later
 when links are shared).  The embedding-gradient all-reduce between first and last stage, the
