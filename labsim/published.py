@@ -8,7 +8,8 @@
   and in its launch mode;
 * ``runs()``: published training runs (``labsim/data/published_runs.json``): source, layout,
   batch, software stack, measured throughput; ``role`` ``"calibration"`` (a software
-  profile's fitted value, ``SoftwareProfile.fitted``, is fitted to it) or ``"held-out"`` (never fitted to).
+  profile's fitted value, ``SoftwareProfile.fitted``, is fitted to it) or ``"held-out"``
+  (never fitted to).
 
 Every number in the data files was copied from the source named beside it.
 """

@@ -173,7 +173,8 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "tensor: torch.zeros, torch.cuda.synchronize(), a list of world_size narrow views), "
         "stage3.py (hooks; fetch_sub_module's param.norm() and synchronize); PyTorch 1.8 "
         "ProcessGroupNCCL::allgather (flat buffer, one recordStream + copy_ per list "
-        "element); sustained: Megatron-LM 2021's (same kernels)",
+        "element); no overlap: DeepSpeed issues #1069 / #1174 and PR #1188 (June 2021: 'the "
+        "async version is not async at all'); sustained: Megatron-LM 2021's (same kernels)",
         calibration="Narayanan et al. 2021 Table 2, ZeRO-3 GPT-3 175B on 384 / 768 / 1536 GPUs "
         "(3 runs; the 529.6B runs are held out)"),
     SoftwareProfile(
