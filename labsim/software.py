@@ -41,6 +41,10 @@ Fields:
   write: the ``torch.zeros`` the gather lands in (a write), PyTorch's copy out of its flat
   buffer (a read and a write), the ``param.norm()`` that ``fetch_sub_module`` evaluates in a
   debug f-string whether or not it prints (a read): 4 in DeepSpeed 0.3.16;
+* ``zero3_reuse_distance`` -- a gathered tensor is kept (not released and gathered again) when
+  its next use comes within this many parameter elements of other uses (DeepSpeed
+  ``stage3_max_reuse_distance``, default 1e9 elements: ``stage3.py`` ``_keep_for_later``); 0:
+  always released (FSDP);
 * ``fitted`` -- which value is fitted on the profile's calibration runs (``sustained``, or
   ``zero3_host_s_per_rank`` where the sustained fraction is another profile's);
 * ``blocking_p2p`` -- a stage waits for its pipeline send to complete before its next op
@@ -81,6 +85,7 @@ class SoftwareProfile:
     zero3_recompute_gather: bool = False
     zero3_host_s_per_rank: float = 0.0
     zero3_gather_hbm_passes: float = 0.0
+    zero3_reuse_distance: float = 0.0
     blocking_p2p: bool = False
     attention: str = "flash"
     fitted: str = "sustained"
@@ -94,7 +99,8 @@ class SoftwareProfile:
         if self.zero3_grad_op not in ZERO3_GRAD_OPS:
             raise ValueError(f"zero3_grad_op={self.zero3_grad_op!r}: choose one of "
                              f"{ZERO3_GRAD_OPS}")
-        for name in ("zero3_host_s_per_rank", "zero3_gather_hbm_passes"):
+        for name in ("zero3_host_s_per_rank", "zero3_gather_hbm_passes",
+                     "zero3_reuse_distance"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
@@ -129,7 +135,7 @@ def _profile_from_fields(values: dict) -> SoftwareProfile:
 # Host seconds per rank per ZeRO-3 all-gather of DeepSpeed 0.3.16 on PyTorch 1.8
 # (``zero3_host_s_per_rank``): fitted on the 175B runs of Narayanan et al. 2021 Table 2
 # (``python benchmarks/step.py --fit``); the 529.6B runs are held out.
-ZERO3_HOST_S_PER_RANK_2021 = 22e-6
+ZERO3_HOST_S_PER_RANK_2021 = 25e-6
 
 GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
                                       "blackwell": 0.69})
@@ -166,11 +172,13 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         MappingProxyType({"ampere": 0.804}), zero3_unit="tensor", zero3_prefetch=0,
         zero3_grad_op="allreduce", zero3_recompute_gather=True, bucket_bytes=1e9,
         zero3_host_s_per_rank=ZERO3_HOST_S_PER_RANK_2021, zero3_gather_hbm_passes=4,
+        zero3_reuse_distance=1e9,
         attention="standard", fitted="zero3_host_s_per_rank",
         source="DeepSpeed v0.3.16 deepspeed/runtime/zero/constants.py (prefetch_bucket_size "
         "5e7, reduce_bucket_size 5e8, reduce_scatter false, param_persistence_threshold 1e5: "
-        "biases and layer norms stay whole), partition_parameters.py (_allgather_param per "
-        "tensor: torch.zeros, torch.cuda.synchronize(), a list of world_size narrow views), "
+        "biases and layer norms stay whole, max_reuse_distance 1e9), partition_parameters.py "
+        "(_allgather_param per tensor: torch.zeros, torch.cuda.synchronize(), a list of "
+        "world_size narrow views), "
         "stage3.py (hooks; fetch_sub_module's param.norm() and synchronize); PyTorch 1.8 "
         "ProcessGroupNCCL::allgather (flat buffer, one recordStream + copy_ per list "
         "element); no overlap: DeepSpeed issues #1069 / #1174 and PR #1188 (June 2021: 'the "

@@ -299,7 +299,7 @@ class _Engine:
         per_f = (ch.t_fwd - ch.head_fwd) / layers
         per_b = (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers
         calls_f, calls_b = ch.tp_fwd // layers, ch.tp_bwd // layers
-        again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
+        counts_f, counts_b = c.zero3_gathers
         gather_tail: list = [None]
         reduce_tail: list = [None]
         busy = 0.0
@@ -314,7 +314,8 @@ class _Engine:
             for j in range(layers):  # layer j's gather may start once layer j - k - 1 is done
                 gate = finished[j - k - 1] if j - k - 1 >= 0 else None
                 gathered.append(self._chain(gather_tail, c.zero3_gather,
-                                            units * (1 if forward else again), gate,
+                                            counts_f[j] if forward else
+                                            counts_b[layers - 1 - j], gate,
                                             f"{kind}{mb} gather layer {j}",
                                             c.zero3_gather_extra_s[0]))
             t0 = env.now
