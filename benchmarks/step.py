@@ -6,9 +6,11 @@
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
-GPU generation), the one sustained fraction that minimises the mean squared log error over
-that profile's calibration runs only (``labsim.published.runs()``, role "calibration");
-held-out runs are never used.  The values to paste into ``labsim.software`` are printed.
+GPU generation), the profile's one fitted value (``SoftwareProfile.fitted``: the sustained
+fraction, or DeepSpeed 2021's host seconds per rank per ZeRO-3 gather) that minimises the
+mean squared log error over that profile's calibration runs only (``labsim.published.runs()``,
+role "calibration"); held-out runs are never used.  The values to paste into
+``labsim.software`` are printed.
 """
 
 from __future__ import annotations
@@ -58,6 +60,17 @@ def table() -> None:
               f"max {max(a):.1%}, within 10 %: {sum(x <= 0.10 for x in a)}")
 
 
+def _with(base, arch: str, x: float):
+    """``base`` with its fitted value (``SoftwareProfile.fitted``) set to ``x``."""
+    if base.fitted == "sustained":
+        return replace(base, sustained=MappingProxyType(dict(base.sustained, **{arch: x})))
+    return replace(base, **{base.fitted: x})
+
+
+# search interval of each fitted value
+FIT_RANGE = {"sustained": (0.4, 1.0), "zero3_host_s_per_rank": (0.0, 100e-6)}
+
+
 def fit() -> None:
     groups: dict[tuple[str, str], list] = {}
     for run in runs():
@@ -68,11 +81,11 @@ def fit() -> None:
         base = software.PROFILES[name]
 
         def loss(x: float, base=base, arch=arch, members=members) -> float:
-            prof = replace(base, sustained=MappingProxyType(dict(base.sustained, **{arch: x})))
+            prof = _with(base, arch, x)
             return sum(math.log(predict(r, prof).step_time_s / r.measured_step_s()) ** 2
                        for r in members) / len(members)
 
-        lo, hi = 0.4, 1.0  # golden-section search
+        lo, hi = FIT_RANGE[base.fitted]  # golden-section search
         g = (math.sqrt(5) - 1) / 2
         a, b = hi - g * (hi - lo), lo + g * (hi - lo)
         fa, fb = loss(a), loss(b)
@@ -86,7 +99,9 @@ def fit() -> None:
                 b = lo + g * (hi - lo)
                 fb = loss(b)
         x = (lo + hi) / 2
-        print(f"{name:<22} {arch:<8} sustained {x:.3f} (was {base.sustained.get(arch)}), rms "
+        was = base.sustained.get(arch) if base.fitted == "sustained" else getattr(
+            base, base.fitted)
+        print(f"{name:<22} {arch:<8} {base.fitted} {x:.4g} (was {was}), rms "
               f"log error {math.sqrt(loss(x)):.1%} on {len(members)} calibration runs")
 
 

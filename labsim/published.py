@@ -8,7 +8,8 @@
   and in its launch mode;
 * ``runs()``: published training runs (``labsim/data/published_runs.json``): source, layout,
   batch, software stack, measured throughput; ``role`` ``"calibration"`` (a software
-  profile's sustained fraction is fitted to it) or ``"held-out"`` (never fitted to).
+  profile's fitted value, ``SoftwareProfile.fitted``, is fitted to it) or ``"held-out"``
+  (never fitted to).
 
 Every number in the data files was copied from the source named beside it.
 """
@@ -106,8 +107,8 @@ def predict_curve(curve: Curve, physics: NcclPhysics = PHYSICS,
 class Run:
     """One published training run: its source, its layout as a labsim ``plan`` (keyword
     arguments of ``labsim.Plan``), its ``model`` fields, the GPUs it ran on and what was
-    measured; ``role`` is ``"calibration"`` (a software profile's sustained fraction is fitted
-    to it) or ``"held-out"`` (never fitted to); ``notes`` lists every assumption added."""
+    measured; ``role`` is ``"calibration"`` (a software profile's fitted value is fitted to
+    it) or ``"held-out"`` (never fitted to); ``notes`` lists every assumption added."""
 
     id: str
     role: str

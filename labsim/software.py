@@ -2,8 +2,9 @@
 
 A ``Plan`` names a profile (``Plan(software="megatron-core-te")``); the step model reads from it
 how the framework communicates and overlaps, and how much of the isolated-kernel speed it
-sustains.  Every value carries its provenance; ``sustained`` is the only fitted number, one
-per (profile, GPU generation), each on a named calibration set of published runs
+sustains.  Every value carries its provenance; each profile has one fitted number (``fitted``:
+the sustained fraction per GPU generation, or for DeepSpeed 2021 the host seconds per rank of
+a ZeRO-3 gather), each on a named calibration set of published runs
 (``labsim.published.runs()``, ``benchmarks/step.py`` prints the fit and the held-out errors).
 
 Fields:
@@ -28,6 +29,24 @@ Fields:
   forward hooks release parameters after every forward, backward hooks fetch them,
   ``stage3.py`` ``_post_forward_module_hook`` / ``_pre_backward_module_hook``); FSDP
   recomputes inside the unit's backward, with the parameters already gathered;
+* ``zero3_host_s_per_rank`` -- host seconds per data-parallel rank in every ZeRO-3 all-gather
+  call, serial with the step: DeepSpeed 0.3.x builds the output as a Python list of one
+  ``narrow`` view per rank (``partition_parameters.py`` ``_allgather_param``) and PyTorch's
+  ``ProcessGroupNCCL::allgather`` gathers into a fresh flat buffer, then runs one
+  ``recordStream`` and one ``copy_`` per list element into the views (``torch/lib/c10d/
+  ProcessGroupNCCL.cpp``, PyTorch 1.8), so a gather over n ranks costs n launches however
+  few bytes each moves; every gather is fenced by ``torch.cuda.synchronize()`` before it and
+  after its wait (``_allgather_param``, ``stage3.py`` ``_synchronize_communication``);
+* ``zero3_gather_hbm_passes`` -- passes of each gathered tensor through HBM besides NCCL's own
+  write: the ``torch.zeros`` the gather lands in (a write), PyTorch's copy out of its flat
+  buffer (a read and a write), the ``param.norm()`` that ``fetch_sub_module`` evaluates in a
+  debug f-string whether or not it prints (a read): 4 in DeepSpeed 0.3.16;
+* ``zero3_reuse_distance`` -- a gathered tensor is kept (not released and gathered again) when
+  its next use comes within this many parameter elements of other uses (DeepSpeed
+  ``stage3_max_reuse_distance``, default 1e9 elements: ``stage3.py`` ``_keep_for_later``); 0:
+  always released (FSDP);
+* ``fitted`` -- which value is fitted on the profile's calibration runs (``sustained``, or
+  ``zero3_host_s_per_rank`` where the sustained fraction is another profile's);
 * ``blocking_p2p`` -- a stage waits for its pipeline send to complete before its next op
   (Megatron-LM 2021: ``batch_isend_irecv``, ``req.wait()`` and ``torch.cuda.synchronize()``
   in ``p2p_communication.py``; Megatron-Core overlaps them since 2023);
@@ -36,6 +55,7 @@ Fields:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -44,6 +64,7 @@ from labsim.hardware import GPU
 
 ZERO3_UNITS = ("layer", "tensor")
 ZERO3_GRAD_OPS = ("reduce_scatter", "allreduce")
+FITTED = ("sustained", "zero3_host_s_per_rank")
 
 
 @dataclass(frozen=True)
@@ -62,8 +83,12 @@ class SoftwareProfile:
     zero3_prefetch: int = 1
     zero3_grad_op: str = "reduce_scatter"
     zero3_recompute_gather: bool = False
+    zero3_host_s_per_rank: float = 0.0
+    zero3_gather_hbm_passes: float = 0.0
+    zero3_reuse_distance: float = 0.0
     blocking_p2p: bool = False
     attention: str = "flash"
+    fitted: str = "sustained"
     source: str = ""
     calibration: str = ""
 
@@ -74,6 +99,13 @@ class SoftwareProfile:
         if self.zero3_grad_op not in ZERO3_GRAD_OPS:
             raise ValueError(f"zero3_grad_op={self.zero3_grad_op!r}: choose one of "
                              f"{ZERO3_GRAD_OPS}")
+        for name in ("zero3_host_s_per_rank", "zero3_gather_hbm_passes",
+                     "zero3_reuse_distance"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        if self.fitted not in FITTED:
+            raise ValueError(f"fitted={self.fitted!r}: choose one of {FITTED}")
         for key, value in self.sustained.items():
             if not 0 < value <= 1:
                 raise ValueError(f"sustained[{key!r}]={value!r} must be in (0, 1]")
@@ -99,6 +131,11 @@ class SoftwareProfile:
 def _profile_from_fields(values: dict) -> SoftwareProfile:
     return SoftwareProfile(**values)
 
+
+# Host seconds per rank per ZeRO-3 all-gather of DeepSpeed 0.3.16 on PyTorch 1.8
+# (``zero3_host_s_per_rank``): fitted on the 175B runs of Narayanan et al. 2021 Table 2
+# (``python benchmarks/step.py --fit``); the 529.6B runs are held out.
+ZERO3_HOST_S_PER_RANK_2021 = 25e-6
 
 GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
                                       "blackwell": 0.69})
@@ -129,15 +166,25 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
     SoftwareProfile(
         "deepspeed-zero3-2021", "DeepSpeed 0.3.x ZeRO-3 as in Narayanan et al. 2021 sec. 5.2: "
         "one all-gather per parameter tensor, prefetch bucket 5e7 elements (less than one "
-        "large tensor; every gather after torch.cuda.synchronize()), gradients all-reduced "
-        "in 5e8-element buckets, parameters fetched again for recomputation",
+        "large tensor; every gather after torch.cuda.synchronize()), each gather a list of "
+        "one view per rank (a copy launched per rank), gradients all-reduced in "
+        "5e8-element buckets, parameters fetched again for recomputation",
         MappingProxyType({"ampere": 0.804}), zero3_unit="tensor", zero3_prefetch=0,
         zero3_grad_op="allreduce", zero3_recompute_gather=True, bucket_bytes=1e9,
-        attention="standard",
+        zero3_host_s_per_rank=ZERO3_HOST_S_PER_RANK_2021, zero3_gather_hbm_passes=4,
+        zero3_reuse_distance=1e9,
+        attention="standard", fitted="zero3_host_s_per_rank",
         source="DeepSpeed v0.3.16 deepspeed/runtime/zero/constants.py (prefetch_bucket_size "
-        "5e7, reduce_bucket_size 5e8, reduce_scatter false), partition_parameters.py "
-        "(_allgather_param per tensor, torch.cuda.synchronize() before each), stage3.py "
-        "(hooks); sustained: Megatron-LM 2021's (same kernels)"),
+        "5e7, reduce_bucket_size 5e8, reduce_scatter false, param_persistence_threshold 1e5: "
+        "biases and layer norms stay whole, max_reuse_distance 1e9), partition_parameters.py "
+        "(_allgather_param per tensor: torch.zeros, torch.cuda.synchronize(), a list of "
+        "world_size narrow views), "
+        "stage3.py (hooks; fetch_sub_module's param.norm() and synchronize); PyTorch 1.8 "
+        "ProcessGroupNCCL::allgather (flat buffer, one recordStream + copy_ per list "
+        "element); no overlap: DeepSpeed issues #1069 / #1174 and PR #1188 (June 2021: 'the "
+        "async version is not async at all'); sustained: Megatron-LM 2021's (same kernels)",
+        calibration="Narayanan et al. 2021 Table 2, ZeRO-3 GPT-3 175B on 384 / 768 / 1536 GPUs "
+        "(3 runs; the 529.6B runs are held out)"),
     SoftwareProfile(
         "fsdp", "PyTorch FSDP (FULL_SHARD) as in MosaicML llm-foundry / Composer: one unit per "
         "transformer block, backward prefetch, gradients reduce-scattered per unit, "

@@ -82,6 +82,12 @@ class StepCosts:
     zero3_reduce: Placed | None
     zero3_units: int  # units per layer
     zero3_extra: tuple[Placed | None, Placed | None]  # embedding/head gather and reduce
+    # seconds each ZeRO-3 gather costs besides its collective: (one unit, the embedding's);
+    # the profile's host work per rank and extra HBM passes (``labsim.software``)
+    zero3_gather_extra_s: tuple[float, float] = (0.0, 0.0)
+    # per layer, the units gathered before its forward and before its backward (recomputed
+    # forward included) in one micro-batch, after the profile's reuse (``zero3_gathers``)
+    zero3_gathers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     @property
     def stages(self) -> int:
@@ -142,6 +148,8 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     z_gather = z_reduce = None
     z_extra: tuple[Placed | None, Placed | None] = (None, None)
     units = 1
+    overhead = (0.0, 0.0)
+    counts: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
     if zero3:
         units = 4 if soft.zero3_unit == "tensor" else 1
         layer = model.params_per_layer / plan.tp
@@ -154,9 +162,55 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group), 0),
                    net.place(plan_collective(soft.zero3_grad_op, round(
                        extra * precision.grad_bytes), dp_group), 0))
+        overhead = (_gather_overhead_s(soft, plan.dp, layer * w / units, gpu, su),
+                    _gather_overhead_s(soft, plan.dp, extra * w, gpu, su))
+        counts = zero3_gathers(model, plan, soft)
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
                      tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
-                     z_extra)
+                     z_extra, overhead, counts)
+
+
+def zero3_gathers(model: Transformer, plan: Plan,
+                  soft: SoftwareProfile) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per layer, the ZeRO-3 units gathered before its forward and before its backward in one
+    micro-batch.  The units are used in order (forward: layer by layer; backward: from the last
+    layer, each one's recomputed forward, with full recomputation and a profile that fetches
+    for it, then its backward in reverse); a unit is gathered at its first use and again at a
+    later one unless the elements of the uses between (DeepSpeed's reuse distance: every
+    module's parameters, once per use) stay under ``zero3_reuse_distance``.  Units: a layer,
+    or its four weight tensors (QKV, output projection, MLP input, MLP output)."""
+    h, f, tp = model.hidden, model.ffn_hidden, plan.tp
+    if soft.zero3_unit == "tensor":
+        sizes = [h * (h + 2 * model.kv_dim) / tp, h * h / tp,
+                 (model.mlp_matrices - 1) * h * f / tp, f * h / tp]
+    else:
+        sizes = [model.params_per_layer / tp]
+    n, u = model.layers, len(sizes)
+    again = soft.zero3_recompute_gather and plan.recompute == "full"
+    uses = [(j, t, 0) for j in range(n) for t in range(u)]
+    for j in reversed(range(n)):
+        uses += [(j, t, 1) for t in range(u)] if again else []
+        uses += [(j, t, 1) for t in reversed(range(u))]
+    fwd, bwd = [0] * n, [0] * n
+    last: dict[tuple[int, int], float] = {}  # unit -> elements used up to its last use
+    used = 0.0
+    for j, t, phase in uses:
+        prev = last.get((j, t))
+        if prev is None or used - prev >= soft.zero3_reuse_distance:
+            (bwd if phase else fwd)[j] += 1
+        used += sizes[t]
+        last[(j, t)] = used
+    return tuple(fwd), tuple(bwd)
+
+
+def _gather_overhead_s(soft: SoftwareProfile, ranks: int, nbytes: float, gpu: GPU,
+                       sustained: float) -> float:
+    """Seconds one ZeRO-3 all-gather of ``nbytes`` over ``ranks`` costs besides NCCL: the
+    profile's host work per rank (a list element, a copy launched, ``labsim.software``) and
+    its extra passes of the gathered bytes through HBM."""
+    hbm = (compute.memory_time(soft.zero3_gather_hbm_passes * nbytes, gpu, sustained)
+           if soft.zero3_gather_hbm_passes else 0.0)
+    return ranks * soft.zero3_host_s_per_rank + hbm
 
 
 def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluster,
@@ -479,20 +533,21 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     plan = c.plan
     ch = c.chunks[0]
     layers, units, k = ch.layers, c.zero3_units, plan.zero3_prefetch
-    again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
-    g_f = units * c.zero3_gather.alone_s
-    g_b = again * g_f
+    one = c.zero3_gather.alone_s + c.zero3_gather_extra_s[0]
+    fwd, bwd = c.zero3_gathers
     r = units * c.zero3_reduce.alone_s
     c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
     c_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
 
-    def phase(gather: float, compute: float, reduce: float) -> float:
+    def phase(counts: tuple[int, ...], compute: float, reduce: float) -> float:
         if k == 0:
-            return layers * (gather + compute) + reduce
+            return sum(counts) * one + layers * compute + reduce
+        gather = one * sum(counts) / layers  # prefetching profiles gather every layer alike
         return gather + (layers - 1) * max(compute, gather + reduce) + compute + reduce
 
-    extra_g = c.zero3_extra[0].alone_s if c.zero3_extra[0] is not None else 0.0
+    extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
+               if c.zero3_extra[0] is not None else 0.0)
     extra_r = c.zero3_extra[1].alone_s if c.zero3_extra[1] is not None else 0.0
-    per_mb = (extra_g + phase(g_f, c_f, 0.0) + ch.head_fwd + phase(g_b, c_b, r) + ch.head_bwd
+    per_mb = (extra_g + phase(fwd, c_f, 0.0) + ch.head_fwd + phase(bwd, c_b, r) + ch.head_bwd
               + extra_r)
     return plan.microbatches * per_mb

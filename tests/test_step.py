@@ -13,7 +13,8 @@ from labsim.memory import stage_params
 from labsim.plan import Plan
 from labsim.published import runs
 from labsim.sim.step import simulate_step
-from labsim.step import estimate_step, step_costs
+from labsim.software import PROFILES
+from labsim.step import estimate_step, step_costs, zero3_gathers
 
 SMALL = labsim.Transformer(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MID = labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000)
@@ -58,8 +59,65 @@ def test_zero3_gathers_every_layer_twice_and_reduces_once_every_micro_batch():
                                                        recompute="full"))
     fsdp = simulate_step(SMALL, labsim.dgx_a100(1), Plan(dp=n, global_batch=n * m,
                                                          zero_stage=3, recompute="full"))
-    assert dp_bytes(ds, "gather layer") == pytest.approx(1.5 * dp_bytes(fsdp, "gather layer"))
-    assert ds.step_time_s > fsdp.step_time_s
+    assert dp_bytes(ds, "gather layer") == pytest.approx(0.5 * dp_bytes(fsdp, "gather layer"))
+    # (SMALL is far under DeepSpeed's reuse distance: each tensor is gathered once and kept)
+    plan = Plan(dp=n, global_batch=n * m, zero_stage=3, recompute="full",
+                software=replace(PROFILES["deepspeed-zero3-2021"], zero3_reuse_distance=0))
+    released = simulate_step(SMALL, labsim.dgx_a100(1), plan)
+    assert dp_bytes(released, "gather layer") == pytest.approx(
+        1.5 * dp_bytes(fsdp, "gather layer"))
+    assert released.step_time_s > fsdp.step_time_s
+
+
+def test_deepspeed_keeps_a_tensor_whose_next_use_is_within_the_reuse_distance():
+    ds = PROFILES["deepspeed-zero3-2021"]
+    plan = Plan(dp=8, zero_stage=3, recompute="full", software=ds)
+    # GPT-3 175B: a layer is 1.8e9 elements, so only the last MLP weight, used by the
+    # recomputed forward and at once by the backward, is kept: 4 + 7 gathers per layer
+    fwd, bwd = zero3_gathers(labsim.Transformer.preset("gpt3-175b"), plan, ds)
+    assert set(fwd) == {4} and set(bwd) == {7}
+    # a model under the distance keeps every tensor from its forward to its backward
+    assert zero3_gathers(SMALL, plan, ds) == ((4,) * 8, (0,) * 8)
+    # FSDP releases after every use: a layer before its forward and before its backward
+    fsdp = PROFILES["fsdp"]
+    assert zero3_gathers(SMALL, replace(plan, software=fsdp), fsdp) == ((1,) * 8, (1,) * 8)
+    no_reuse = replace(ds, zero3_reuse_distance=0)
+    assert zero3_gathers(SMALL, plan, no_reuse) == ((4,) * 8, (8,) * 8)
+
+
+def test_deepspeed_2021_gathers_cost_host_work_per_rank_and_extra_hbm_passes():
+    ds = replace(PROFILES["deepspeed-zero3-2021"], zero3_reuse_distance=0)
+    bare = replace(ds, name="bare", zero3_host_s_per_rank=0.0, zero3_gather_hbm_passes=0.0)
+    host = replace(bare, name="host", zero3_host_s_per_rank=ds.zero3_host_s_per_rank)
+
+    def run(prof, nodes, face=simulate_step):
+        n = 8 * nodes
+        plan = Plan(dp=n, global_batch=n, zero_stage=3, recompute="full", software=prof)
+        return face(SMALL, labsim.dgx_a100(nodes), plan, memory=False).step_time_s
+
+    c = step_costs(SMALL, labsim.dgx_a100(2), Plan(dp=16, global_batch=16, zero_stage=3,
+                                                    software=host))
+    assert c.zero3_gather_extra_s == pytest.approx((16 * ds.zero3_host_s_per_rank,) * 2)
+    # the host work grows with the ranks of the group (one list element each), the gathered
+    # bytes per GPU do not; the HBM passes cost time of their own
+    for nodes in (1, 4):
+        calls = (4 + 8) * SMALL.layers + 1  # forward, recompute and backward; the embedding
+        added = run(host, nodes) - run(bare, nodes)
+        # (the backward's first gathers may start under the forward's last layer: within 3 %)
+        assert added == pytest.approx(calls * 8 * nodes * ds.zero3_host_s_per_rank, rel=0.03)
+    assert run(ds, 1) > run(host, 1)
+    for nodes in (1, 4):  # the two faces price it alike
+        assert run(ds, nodes, estimate_step) == pytest.approx(run(ds, nodes), rel=0.02)
+
+
+@pytest.mark.parametrize("field, value", [("zero3_host_s_per_rank", -1e-6),
+                                          ("zero3_host_s_per_rank", float("inf")),
+                                          ("zero3_gather_hbm_passes", -1),
+                                          ("zero3_reuse_distance", float("nan")),
+                                          ("fitted", "bucket_bytes")])
+def test_a_profile_refuses_negative_costs_and_unfittable_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        replace(PROFILES["deepspeed-zero3-2021"], **{field: value})
 
 
 def test_zero3_prefetch_hides_gathers_and_memory_counts_the_gathered_layers():
@@ -275,8 +333,8 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
     assert statistics.median(cal) <= 0.02 and max(cal) <= 0.11
-    assert statistics.median(held) <= 0.06
-    # without DeepSpeed's ZeRO-3 of 2021 (not explained, docs/step.md) every run is within 20 %
+    assert statistics.median(held) <= 0.06 and max(held) <= 0.22
+    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 20 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
             and r.plan_spec["software"] != "deepspeed-zero3-2021"]

@@ -19,9 +19,10 @@ traffic slow each other wherever they share a GPU port or a NIC.
   profile overlaps it).
 * ZeRO-3 (pp = 1): every layer's parameters are all-gathered before its forward and again
   before its backward, in the profile's units (a layer, or each weight tensor), up to
-  ``zero3_prefetch`` layers ahead on a gather stream; each layer's gradients are
-  reduce-scattered (or all-reduced) after its backward on a reduce stream -- every
-  micro-batch, so accumulation does not amortise them.
+  ``zero3_prefetch`` layers ahead on a gather stream, each gather longer by the profile's
+  work around it (host work per rank, extra HBM passes: ``StepCosts.zero3_gather_extra_s``);
+  each layer's gradients are reduce-scattered (or all-reduced) after its backward on a
+  reduce stream -- every micro-batch, so accumulation does not amortise them.
 
 A bucket's ready time is its share of the backward op as planned alone (the op may end later
 when links are shared).  The embedding-gradient all-reduce between first and last stage, the
@@ -269,9 +270,10 @@ class _Engine:
 
     # -- ZeRO-3 --------------------------------------------------------------------------
     def _chain(self, tail: list, placed: Placed | None, units: int, ready: simpy.Event | None,
-               label: str) -> simpy.Event:
+               label: str, extra_s: float = 0.0) -> simpy.Event:
         """Queue ``units`` flows of ``placed`` on a stream whose last event is ``tail[0]``,
-        after ``ready``; return the event of their end."""
+        after ``ready``, each ``extra_s`` longer (work besides the collective); return the
+        event of their end."""
         prev, done = tail[0], self.env.event()
         tail[0] = done
 
@@ -282,7 +284,7 @@ class _Engine:
                 yield ready
             start = self.env.now
             for _ in range(units):
-                yield self._flow(placed)
+                yield self._flow(placed, latency=extra_s if placed is not None else 0.0)
             self.spans.append((0, "dp", "comm", start, self.env.now, label,
                                (placed.nbytes if placed else 0.0) * units))
             done.succeed()
@@ -297,7 +299,7 @@ class _Engine:
         per_f = (ch.t_fwd - ch.head_fwd) / layers
         per_b = (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers
         calls_f, calls_b = ch.tp_fwd // layers, ch.tp_bwd // layers
-        again = 2 if (c.software.zero3_recompute_gather and plan.recompute == "full") else 1
+        counts_f, counts_b = c.zero3_gathers
         gather_tail: list = [None]
         reduce_tail: list = [None]
         busy = 0.0
@@ -307,12 +309,15 @@ class _Engine:
             gathered: list[simpy.Event] = []
             finished = [env.event() for _ in range(layers)]
             if forward:
-                self._chain(gather_tail, extra_g, 1, None, f"F{mb} gather embedding")
+                self._chain(gather_tail, extra_g, 1, None, f"F{mb} gather embedding",
+                            c.zero3_gather_extra_s[1])
             for j in range(layers):  # layer j's gather may start once layer j - k - 1 is done
                 gate = finished[j - k - 1] if j - k - 1 >= 0 else None
                 gathered.append(self._chain(gather_tail, c.zero3_gather,
-                                            units * (1 if forward else again), gate,
-                                            f"{kind}{mb} gather layer {j}"))
+                                            counts_f[j] if forward else
+                                            counts_b[layers - 1 - j], gate,
+                                            f"{kind}{mb} gather layer {j}",
+                                            c.zero3_gather_extra_s[0]))
             t0 = env.now
             for j in range(layers):
                 yield gathered[j]
