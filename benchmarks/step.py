@@ -90,18 +90,11 @@ def fit() -> None:
               f"log error {math.sqrt(loss(x)):.1%} on {len(members)} calibration runs")
 
 
-def speed(repeat: int) -> None:
-    def best(fn) -> float:
-        times = []
-        for _ in range(repeat):
-            t0 = time.process_time()
-            fn()
-            times.append(time.process_time() - t0)
-        return min(times)
-
+def speed_cases() -> list[tuple]:
+    """(name, model, cluster, plan) of the cases ``--speed`` times."""
     one_t = labsim.Transformer.preset("megatron-1t")
     gpt3 = labsim.Transformer.preset("gpt3-175b")
-    cases = [
+    return [
         ("1T, 3072 A100, TP8 PP64 DP6, batch 3072", one_t, labsim.dgx_a100(384),
          Plan(dp=6, tp=8, pp=64, global_batch=3072, recompute="full",
               software="megatron-lm-2021", precision="fp16")),
@@ -112,8 +105,19 @@ def speed(repeat: int) -> None:
          Plan(dp=4, tp=4, pp=8, schedule="interleaved", virtual_stages=12, global_batch=256,
               sequence_parallel=True, software="megatron-core-te", zero_stage=1)),
     ]
+
+
+def speed(repeat: int) -> None:
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times)
+
     print(f"{'case':<48} {'simulate_step s':>16} {'estimate_step ms':>17}")
-    for name, model, cluster, plan in cases:
+    for name, model, cluster, plan in speed_cases():
         sim = best(lambda m=model, c=cluster, p=plan: simulate_step(m, c, p, memory=False))
         est = best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p))
         print(f"{name:<48} {sim:>16.3f} {est * 1e3:>17.3f}")
