@@ -2,7 +2,7 @@
 
     python benchmarks/step.py              # calibration and held-out tables
     python benchmarks/step.py --fit        # refit every profile's sustained fraction
-    python benchmarks/step.py --speed      # simulate_step / estimate_step wall times
+    python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -116,11 +117,20 @@ def speed(repeat: int) -> None:
             times.append(time.process_time() - t0)
         return min(times)
 
+    print(f"process time, best of {repeat}; load average before "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"{'case':<48} {'simulate_step s':>16} {'estimate_step ms':>17}")
     for name, model, cluster, plan in speed_cases():
         sim = best(lambda m=model, c=cluster, p=plan: simulate_step(m, c, p, memory=False))
         est = best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p))
         print(f"{name:<48} {sim:>16.3f} {est * 1e3:>17.3f}")
+    for pcie in (False, True):
+        ms = sorted(best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p))
+                    * 1e3 for model, cluster, plan in sample_plans(200, seed=0, pcie=pcie))
+        print(f"estimate_step on 200 sampled plans ({'PCIe boxes' if pcie else 'DGX nodes'}): "
+              f"median {statistics.median(ms):.3f} ms, 90th percentile "
+              f"{ms[int(0.9 * (len(ms) - 1))]:.3f} ms, max {ms[-1]:.3f} ms")
+    print(f"load average after {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 SOFTWARE = ("generic", "megatron-lm-2021", "megatron-core-te", "fsdp", "deepspeed-zero3-2021")

@@ -400,12 +400,14 @@ def _contended(c: StepCosts) -> set[int]:
     return {x for x, u in users.items() if len(u) > 1}
 
 
-def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> AloneRun | None:
+def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
+                   trace: bool = True) -> AloneRun | None:
     """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
     max(stage free, input arrival); buckets on a stream as backward produces them; then the
     optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
     computes whenever no two flows move bytes on one pipe at the same time; with ``check``
-    it returns None when some do (the caller then simulates the network)."""
+    it returns None when some do (the caller then simulates the network).  ``trace=False``
+    leaves ``spans`` empty (the closed form needs the times only)."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -461,8 +463,8 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                 if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
                     bucket, n_buckets = c.buckets[g]
                     for k in range(n_buckets):
-                        pending[s].append((start + planned * (k + 1) / n_buckets,
-                                           bucket, f"bucket {k} chunk {g}"))
+                        pending[s].append((start + planned * (k + 1) / n_buckets, bucket, k,
+                                           g))
                 times_s.append(start)
                 times_s.append(end)
                 t = end
@@ -488,23 +490,31 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
     for s in range(p):
         queue = pending[s]
         if not overlap:
-            queue = [(clock[s], b, f"bucket {k} chunk {g}")
+            queue = [(clock[s], b, k, g)
                      for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
                      if b is not None for k in range(n * (m if zero2 else 1))]
         free = 0.0
-        for ready, bucket, label in queue:
-            start = max(ready, free)
-            free = start + bucket.alone_s
-            if check:
-                _mark(moving, bucket, start + bucket.latency_s, free)
-            record((s, "dp", "comm", start, free, label, bucket.nbytes))
+        if check or trace:
+            for ready, bucket, k, g in queue:
+                start = free if free > ready else ready  # max(ready, free)
+                free = start + bucket.alone_s
+                if check:
+                    _mark(moving, bucket, start + bucket.latency_s, free)
+                if trace:
+                    record((s, "dp", "comm", start, free, f"bucket {k} chunk {g}",
+                            bucket.nbytes))
+        else:  # the stream's end only
+            for ready, bucket, _, _ in queue:
+                free = (free if free > ready else ready) + bucket.alone_s
         t = max(clock[s], free) + c.optimizer_s[s]
-        record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
-                0.0))
+        if trace:
+            record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
+                    0.0))
         gather = c.param_gather[s]
         if gather is not None and not c.software.overlap_param_gather:
-            record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
-                    gather.nbytes))
+            if trace:
+                record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
+                        gather.nbytes))
             if check:
                 _mark(moving, gather, t + gather.latency_s, t + gather.alone_s)
             t += gather.alone_s

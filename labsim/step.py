@@ -413,7 +413,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     if c.zero3_gather is None and 2 * p * m * v <= SMALL_PIPELINE_OPS:
         # a small pipeline: its schedule evaluated op by op at the rates alone is cheaper
         # than the formulas' error on it
-        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v))
+        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
         return result_from(c, max(run.ends), run.busy, run.compute_end, mem, None)
     n_chunks = p * v
     h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
