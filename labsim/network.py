@@ -145,9 +145,11 @@ class FoldedNetwork:
         self.stage_gpus = min(g, plan.tp * plan.dp)  # GPUs of one stage on its node
         self.stage_nics = max(1, self.stage_gpus * cluster.nics_per_node // g)
         keys: dict[tuple[int, int], int] = {}
-        self.nic = []
-        for r in self.rep:
-            key = (r // g, cluster.nic_of(r % g))
+        nic_of = {local: cluster.nic_of(local) for local in {r % g for r in self.rep}}
+        self.nic_index = [nic_of[r % g] for r in self.rep]  # each representative's NIC
+        self.nic = []  # the pipe number of its tx (rx: + 1)
+        for r, nic in zip(self.rep, self.nic_index):
+            key = (r // g, nic)
             self.nic.append(keys.setdefault(key, 2 * plan.pp + 2 * len(keys)))
         caps = [cluster.intra_node.achieved_Bps] * (2 * plan.pp)
         caps += [cluster.inter_node.achieved_Bps] * (2 * len(keys))

@@ -208,9 +208,8 @@ def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
                    / plan.tp)
     out: dict[tuple[int, int], Placed] = {}
     costs: dict[tuple[int, int, int], CollectiveCost] = {}  # by the pair's shape
-    g_node = cluster.gpus_per_node
     p = plan.pp
-    nic = [cluster.nic_of(r % g_node) for r in net.rep]  # each stage representative's NIC
+    nic = net.nic_index
     for g in range(min(p, p * plan.virtual_stages - 1)):  # chunk g + p pairs like chunk g
         for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
             if (a, b) not in out and a != b:
