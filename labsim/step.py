@@ -122,7 +122,6 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     p2p = _pipeline_sends(model, plan, cluster, net)
     precision = plan.numerics
     buckets, gathers, opt = [], [], []
-    n_chunks = plan.pp * plan.virtual_stages
     zero3 = plan.zero_stage == 3 and plan.dp > 1
     op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
     dp_place = _Placer(net, dp_group)
@@ -140,7 +139,7 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     shard = plan.dp if plan.zero_stage >= 1 else 1
     stepped: dict[float, float] = {}  # the optimizer's seconds by a stage's parameters
     for s in range(plan.pp):
-        params = sum(chunks[g].params for g in range(s, n_chunks, plan.pp))
+        params = sum([ch.params for ch in chunks[s::plan.pp]])
         gathers.append(dp_place("allgather", round(params * precision.weight_bytes), s)
                        if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
         if params not in stepped:
@@ -192,11 +191,12 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
             + f.flops + b.flops, per_chunk * lc.model_flops + f.flops + b.flops,
             float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end)))
+    tp_bytes, tp_fwd = round(lc.tp_bytes), calls * per_chunk
     out = []
     for g in range(n_chunks):
-        tp = tp_place(tp_op, round(lc.tp_bytes), g % plan.pp) if plan.tp > 1 else None
-        out.append(ChunkCost(*figures[g if g in (0, n_chunks - 1) else 1], tp,
-                             calls * per_chunk, calls * per_chunk + rec))
+        tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
+        out.append(ChunkCost(*figures[g if g in (0, n_chunks - 1) else 1], tp, tp_fwd,
+                             tp_fwd + rec))
     return out
 
 
@@ -430,8 +430,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         fwd.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h) + (send_f[-1] if blocking else 0))
         bwd.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h)
                    + (send_b[-1] if blocking else 0))
-    stage_f = [sum(fwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
-    stage_b = [sum(bwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
+    stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
+    stage_b = [sum(bwd[s::p]) for s in range(p)]
     comm = 0.0 if blocking else sum(send_f[:p - 1]) + sum(send_b[1:p])
     if plan.schedule == "gpipe":
         pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)
