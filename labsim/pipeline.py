@@ -424,7 +424,9 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     index = [0] * p
     # arrival[kind, chunk][mb]: when micro-batch mb's input of that op reaches its stage
     arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
-    pending: list[list[tuple]] = [[] for _ in range(p)]
+    pending: list[list[tuple]] = [[] for _ in range(p)]  # buckets: (ready, bucket, k, g)
+    bare = not (check or trace)
+    stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
     tables = [_op_table(c, s, arrival) for s in range(p)]
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
@@ -462,9 +464,16 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                     planned = work + alone
                 if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
                     bucket, n_buckets = c.buckets[g]
-                    for k in range(n_buckets):
-                        pending[s].append((start + planned * (k + 1) / n_buckets, bucket, k,
-                                           g))
+                    if bare and n_buckets:  # the stream's end only: run it now, in order
+                        free, tau = stream_free[s], bucket.alone_s
+                        for k in range(n_buckets):
+                            ready = start + planned * (k + 1) / n_buckets
+                            free = (free if free > ready else ready) + tau
+                        stream_free[s] = free
+                    else:
+                        for k in range(n_buckets):
+                            pending[s].append((start + planned * (k + 1) / n_buckets, bucket,
+                                               k, g))
                 times_s.append(start)
                 times_s.append(end)
                 t = end
@@ -493,7 +502,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             queue = [(clock[s], b, k, g)
                      for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
                      if b is not None for k in range(n * (m if zero2 else 1))]
-        free = 0.0
+        free = stream_free[s]
         if check or trace:
             for ready, bucket, k, g in queue:
                 start = free if free > ready else ready  # max(ready, free)
