@@ -2,7 +2,8 @@
 
     python benchmarks/step.py              # calibration and held-out tables
     python benchmarks/step.py --fit        # refit every profile's sustained fraction
-    python benchmarks/step.py --speed      # simulate_step / estimate_step wall times
+    python benchmarks/step.py --speed      # simulate_step / estimate_step process times
+    python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -105,18 +107,11 @@ def fit() -> None:
               f"log error {math.sqrt(loss(x)):.1%} on {len(members)} calibration runs")
 
 
-def speed(repeat: int) -> None:
-    def best(fn) -> float:
-        times = []
-        for _ in range(repeat):
-            t0 = time.process_time()
-            fn()
-            times.append(time.process_time() - t0)
-        return min(times)
-
+def speed_cases() -> list[tuple]:
+    """(name, model, cluster, plan) of the cases ``--speed`` times."""
     one_t = labsim.Transformer.preset("megatron-1t")
     gpt3 = labsim.Transformer.preset("gpt3-175b")
-    cases = [
+    return [
         ("1T, 3072 A100, TP8 PP64 DP6, batch 3072", one_t, labsim.dgx_a100(384),
          Plan(dp=6, tp=8, pp=64, global_batch=3072, recompute="full",
               software="megatron-lm-2021", precision="fp16")),
@@ -127,11 +122,34 @@ def speed(repeat: int) -> None:
          Plan(dp=4, tp=4, pp=8, schedule="interleaved", virtual_stages=12, global_batch=256,
               sequence_parallel=True, software="megatron-core-te", zero_stage=1)),
     ]
+
+
+def speed(repeat: int, estimate_repeat: int) -> None:
+    def best(fn, n: int = repeat) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.process_time()
+            fn()
+            times.append(time.process_time() - t0)
+        return min(times)
+
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"process time, best of {repeat} (estimate_step: {estimate_repeat}); load average "
+          f"before {load} on {os.cpu_count()} cores")
     print(f"{'case':<48} {'simulate_step s':>16} {'estimate_step ms':>17}")
-    for name, model, cluster, plan in cases:
+    for name, model, cluster, plan in speed_cases():
         sim = best(lambda m=model, c=cluster, p=plan: simulate_step(m, c, p, memory=False))
-        est = best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p))
+        est = best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p),
+                   estimate_repeat)
         print(f"{name:<48} {sim:>16.3f} {est * 1e3:>17.3f}")
+    for pcie in (False, True):
+        ms = sorted(best(lambda m=model, c=cluster, p=plan: labsim.estimate_step(m, c, p),
+                         estimate_repeat) * 1e3
+                    for model, cluster, plan in sample_plans(200, seed=0, pcie=pcie))
+        print(f"estimate_step on 200 sampled plans ({'PCIe boxes' if pcie else 'DGX nodes'}): "
+              f"median {statistics.median(ms):.3f} ms, 90th percentile "
+              f"{ms[int(0.9 * (len(ms) - 1))]:.3f} ms, max {ms[-1]:.3f} ms")
+    print(f"load average after {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 SOFTWARE = ("generic", "megatron-lm-2021", "megatron-core-te", "fsdp", "deepspeed-zero3-2021")
@@ -192,11 +210,13 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--estimate-repeat", type=int, default=None,
+                        help="--speed: best of this many for estimate_step (default --repeat)")
     args = parser.parse_args()
     if args.fit:
         fit()
     elif args.speed:
-        speed(args.repeat)
+        speed(args.repeat, args.estimate_repeat or args.repeat)
     elif args.agreement:
         agreement(args.agreement)
     else:

@@ -145,41 +145,58 @@ class FoldedNetwork:
         self.stage_gpus = min(g, plan.tp * plan.dp)  # GPUs of one stage on its node
         self.stage_nics = max(1, self.stage_gpus * cluster.nics_per_node // g)
         keys: dict[tuple[int, int], int] = {}
-        self.nic = []
-        for r in self.rep:
-            key = (r // g, cluster.nic_of(r % g))
+        nic_of = {local: cluster.nic_of(local) for local in {r % g for r in self.rep}}
+        self.nic_index = [nic_of[r % g] for r in self.rep]  # each representative's NIC
+        self.nic = []  # the pipe number of its tx (rx: + 1)
+        for r, nic in zip(self.rep, self.nic_index):
+            key = (r // g, nic)
             self.nic.append(keys.setdefault(key, 2 * plan.pp + 2 * len(keys)))
         caps = [cluster.intra_node.achieved_Bps] * (2 * plan.pp)
         caps += [cluster.inter_node.achieved_Bps] * (2 * len(keys))
         self.capacity = np.array(caps)
         self._caps = caps  # the same, as floats: indexing a list is cheaper per placement
+        # every port pipe has one capacity and every NIC pipe another, so a collective's
+        # loads and time alone are the same on every stage and only its pipes differ: by
+        # (id(cost), kind of placement), (cost, loads, alone_s, the first Placed), the cost
+        # kept alive so that its id stays its own
+        self._alone: dict[tuple[int, int], tuple[CollectiveCost, tuple, float, Placed]] = {}
 
     def place(self, cost: CollectiveCost, stage: int) -> Placed:
         """A group collective of ``stage`` (every stage GPU on the node in an identical group
         at the same time)."""
-        pipes: list[int] = []
+        pipes: tuple[int, ...] = ()
+        if cost.intra_load > 0:
+            pipes = (2 * stage, 2 * stage + 1)
+        if cost.nic_load > 0:
+            pipes += (self.nic[stage], self.nic[stage] + 1)
+        known = self._alone.get((id(cost), 2))
+        if known is not None:
+            return Placed(cost, pipes, known[1], known[2]) if known[1] else known[3]
         loads: list[float] = []
         if cost.intra_load > 0:
-            pipes += [2 * stage, 2 * stage + 1]
             loads += [cost.intra_load] * 2
         if cost.nic_load > 0:
             groups = max(1.0, self.stage_gpus / cost.group.ppn)
             per_nic = groups * cost.nic_load * cost.group.nics / self.stage_nics
-            pipes += [self.nic[stage], self.nic[stage] + 1]
             loads += [per_nic] * 2
-        return self._placed(cost, pipes, loads)
+        return self._placed(cost, pipes, tuple(loads), 2)
 
     def place_send(self, cost: CollectiveCost, src: int, dst: int) -> Placed:
         """A pipeline message from stage ``src`` to ``dst`` (every stage GPU sends its own)."""
-        if self.node[src] == self.node[dst]:
-            pipes, loads = [2 * src, 2 * dst + 1], [1.0, 1.0]
-        else:
-            share = self.stage_gpus / self.stage_nics
-            pipes, loads = [self.nic[src], self.nic[dst] + 1], [share, share]
-        return self._placed(cost, pipes, loads)
+        same = self.node[src] == self.node[dst]  # kind of placement 1: within a node
+        pipes = (2 * src, 2 * dst + 1) if same else (self.nic[src], self.nic[dst] + 1)
+        known = self._alone.get((id(cost), same))
+        if known is not None:
+            return Placed(cost, pipes, known[1], known[2]) if known[1] else known[3]
+        share = 1.0 if same else self.stage_gpus / self.stage_nics
+        return self._placed(cost, pipes, (share, share), same)
 
-    def _placed(self, cost: CollectiveCost, pipes: list[int], loads: list[float]) -> Placed:
+    def _placed(self, cost: CollectiveCost, pipes: tuple[int, ...],
+                loads: tuple[float, ...], kind: int) -> Placed:
         if cost.nbytes == 0 or cost.group.nranks < 2:
-            return Placed(cost, (), (), 0.0)
-        rate = alone_rate(pipes, loads, cost.cap_Bps, self._caps)
-        return Placed(cost, tuple(pipes), tuple(loads), cost.latency_s + cost.nbytes / rate)
+            placed = Placed(cost, (), (), 0.0)
+        else:
+            rate = alone_rate(pipes, loads, cost.cap_Bps, self._caps)
+            placed = Placed(cost, pipes, loads, cost.latency_s + cost.nbytes / rate)
+        self._alone[id(cost), kind] = (cost, placed.loads, placed.alone_s, placed)
+        return placed

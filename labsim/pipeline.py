@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
     from labsim.network import Placed
@@ -70,15 +73,24 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     each stage alternates one forward and one backward, so at most ``p - s`` micro-batches are
     in flight on stage ``s`` instead of ``m``; same step time as GPipe."""
     _check(p, m)
+    return _warmup_steady_cooldown(p, [Op("F", i) for i in range(m)],
+                                   [Op("B", i) for i in range(m)],
+                                   [min(p - s - 1, m) for s in range(p)])
+
+
+def _warmup_steady_cooldown(p: int, forwards: list[Op], backwards: list[Op],
+                            warmups: list[int]) -> Schedule:
+    """Stage ``s`` runs ``warmups[s]`` forwards (warm-up), then alternates the next forward and
+    the next backward (steady state), then the remaining backwards (cool-down).  The stages
+    share the ``Op`` values, built once (a deep pipeline has p times fewer to build)."""
+    total = len(forwards)
     schedule = []
     for s in range(p):
-        warmup = min(p - s - 1, m)
-        ops = [Op("F", i) for i in range(warmup)]  # warm-up: fill the pipeline
-        for i in range(m - warmup):  # steady state: one forward, one backward
-            ops.append(Op("F", warmup + i))
-            ops.append(Op("B", i))
-        ops.extend(Op("B", i) for i in range(m - warmup, m))  # cool-down: drain it
-        schedule.append(tuple(ops))
+        warmup = warmups[s]
+        steady = [None] * (2 * (total - warmup))
+        steady[0::2] = forwards[warmup:]
+        steady[1::2] = backwards[:total - warmup]
+        schedule.append(tuple(forwards[:warmup] + steady + backwards[total - warmup:]))
     return tuple(schedule)
 
 
@@ -99,19 +111,11 @@ def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
     def backward_op(k: int) -> Op:  # backwards visit the chunks in reverse order
         return Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
-    schedule = []
-    for s in range(p):
-        if m == p:  # Megatron-LM: with m == p every forward goes first (no steady state)
-            warmup = total
-        else:
-            warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
-        ops = [forward_op(k) for k in range(warmup)]  # warm-up
-        for k in range(total - warmup):  # steady state: one forward, one backward
-            ops.append(forward_op(warmup + k))
-            ops.append(backward_op(k))
-        ops.extend(backward_op(k) for k in range(total - warmup, total))  # cool-down
-        schedule.append(tuple(ops))
-    return tuple(schedule)
+    # Megatron-LM: with m == p every forward goes first (no steady state)
+    warmups = [total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
+               for s in range(p)]
+    return _warmup_steady_cooldown(p, [forward_op(k) for k in range(total)],
+                                   [backward_op(k) for k in range(total)], warmups)
 
 
 def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
@@ -396,12 +400,14 @@ def _contended(c: StepCosts) -> set[int]:
     return {x for x, u in users.items() if len(u) > 1}
 
 
-def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> AloneRun | None:
+def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
+                   trace: bool = True) -> AloneRun | None:
     """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
     max(stage free, input arrival); buckets on a stream as backward produces them; then the
     optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
     computes whenever no two flows move bytes on one pipe at the same time; with ``check``
-    it returns None when some do (the caller then simulates the network)."""
+    it returns None when some do (the caller then simulates the network).  ``trace=False``
+    leaves ``spans`` empty (the closed form needs the times only)."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -412,38 +418,18 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
     record = spans.append
     watch = _contended(c) if check else set()
     moving: dict[int, list[tuple[float, float]]] = {x: [] for x in watch}
-    mark = _mark
     overlap = plan.overlap_grad_reduce
     busy = [0.0] * p
     clock = [0.0] * p
     index = [0] * p
-    arrival: dict[tuple, float] = {}
-    pending: list[list[tuple]] = [[] for _ in range(p)]
+    # arrival[kind, chunk][mb]: when micro-batch mb's input of that op reaches its stage
+    arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
+    pending: list[list[tuple]] = [[] for _ in range(p)]  # buckets: (ready, bucket, k, g)
+    bare = not (check or trace)
+    stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
-    tables = []
-    for s in range(p):  # per (kind, local chunk): what an op of it costs and sends
-        table = {}
-        tp_watch = 2 * s in watch or 2 * s + 1 in watch
-        for kind in "FB":
-            for local in range(plan.virtual_stages):
-                g = local * p + s
-                ch = c.chunks[g]
-                fwd = kind == "F"
-                work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
-                                                                 ch.tp_bwd)
-                tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
-                nxt = (g + 1 if fwd else g - 1)
-                out = 0 <= nxt < n_chunks
-                send = c.p2p.get((s, nxt % p)) if out else None
-                # the interval lists of the watched pipes its flows load (no lookups per op)
-                tp_marks = _lists(moving, tp) if tp is not None and tp_watch else ()
-                send_marks = _lists(moving, send) if send is not None else ()
-                table[kind, local] = (fwd, g, (g > 0) if fwd else (g < n_chunks - 1), work,
-                                      tp, calls, nxt if out else -1, send, tp_marks,
-                                      send_marks)
-        tables.append(table)
-    last_b = [{op[2]: i for i, op in enumerate(schedule[s]) if op[0] == "B"}
-              for s in range(p)]
+    tables = [_op_table(c, s, arrival) for s in range(p)]
+    last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
     remaining = sum(len(o) for o in schedule)
     while remaining:
         advanced = False
@@ -454,12 +440,12 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                 continue
             bucket_ok = overlap
             start_i = i
+            times_s = times[s]
             while i < n:
                 kind, mb, local = ops[i]
-                fwd, g, need, work, tp, calls, nxt, send, tp_marks, send_marks = \
-                    table[kind, local]
-                if need:
-                    a = arrival.get((kind, mb, g))
+                fwd, g, inbox, work, tp, calls, outbox, send = table[kind, local]
+                if inbox is not None:
+                    a = inbox[mb]
                     if a is None:
                         break
                     if a > t:
@@ -470,42 +456,32 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
                     planned = work
                 elif h:
                     alone = tp.alone_s * calls
-                    mid = start + max(work, h * alone)
-                    end = mid + (1 - h) * alone
+                    end = start + max(work, h * alone) + (1 - h) * alone
                     planned = end - start
-                    if tp_marks:
-                        first = (start + h * calls * tp.latency_s, start + h * alone)
-                        second = (mid + (1 - h) * calls * tp.latency_s, end)
-                        for lst in tp_marks:
-                            lst.append(first)
-                            lst.append(second)
                 else:
                     alone = tp.alone_s * calls
                     end = start + work + alone
                     planned = work + alone
-                    if tp_marks:
-                        busy_s = (start + work + calls * tp.latency_s, end)
-                        for lst in tp_marks:
-                            lst.append(busy_s)
                 if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
                     bucket, n_buckets = c.buckets[g]
-                    for k in range(n_buckets):
-                        pending[s].append((start + planned * (k + 1) / n_buckets,
-                                           bucket, f"bucket {k} chunk {g}"))
-                times_s = times[s]
+                    if bare and n_buckets:  # the stream's end only: run it now, in order
+                        free, tau = stream_free[s], bucket.alone_s
+                        for k in range(n_buckets):
+                            ready = start + planned * (k + 1) / n_buckets
+                            free = (free if free > ready else ready) + tau
+                        stream_free[s] = free
+                    else:
+                        for k in range(n_buckets):
+                            pending[s].append((start + planned * (k + 1) / n_buckets, bucket,
+                                               k, g))
                 times_s.append(start)
                 times_s.append(end)
                 t = end
-                if nxt >= 0:
+                if outbox is not None:
                     if send is None:
-                        arrival[kind, mb, nxt] = end
+                        outbox[mb] = end
                     else:
-                        arrive = end + send.alone_s
-                        arrival[kind, mb, nxt] = arrive
-                        if send_marks:
-                            moved = (end + send.latency_s, arrive)
-                            for lst in send_marks:
-                                lst.append(moved)
+                        arrive = outbox[mb] = end + send.alone_s
                         if blocking:
                             t = arrive
                 i += 1
@@ -523,38 +499,142 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False) -> Alo
     for s in range(p):
         queue = pending[s]
         if not overlap:
-            queue = [(clock[s], b, f"bucket {k} chunk {g}")
+            queue = [(clock[s], b, k, g)
                      for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
                      if b is not None for k in range(n * (m if zero2 else 1))]
-        free = 0.0
-        for ready, bucket, label in queue:
-            start = max(ready, free)
-            free = start + bucket.alone_s
-            if check:
-                mark(moving, bucket, start + bucket.latency_s, free)
-            record((s, "dp", "comm", start, free, label, bucket.nbytes))
+        free = stream_free[s]
+        if check or trace:
+            for ready, bucket, k, g in queue:
+                start = free if free > ready else ready  # max(ready, free)
+                free = start + bucket.alone_s
+                if check:
+                    _mark(moving, bucket, start + bucket.latency_s, free)
+                if trace:
+                    record((s, "dp", "comm", start, free, f"bucket {k} chunk {g}",
+                            bucket.nbytes))
+        else:  # the stream's end only
+            for ready, bucket, _, _ in queue:
+                free = (free if free > ready else ready) + bucket.alone_s
         t = max(clock[s], free) + c.optimizer_s[s]
-        record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
-                0.0))
+        if trace:
+            record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
+                    0.0))
         gather = c.param_gather[s]
         if gather is not None and not c.software.overlap_param_gather:
-            record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
-                    gather.nbytes))
+            if trace:
+                record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
+                        gather.nbytes))
             if check:
-                mark(moving, gather, t + gather.latency_s, t + gather.alone_s)
+                _mark(moving, gather, t + gather.latency_s, t + gather.alone_s)
             t += gather.alone_s
         ends.append(t)
-    for intervals in moving.values():
-        if len(intervals) > 1:
-            intervals.sort()
-            for (_, e0), (s1, _) in zip(intervals, intervals[1:]):
-                if s1 < e0 - 1e-12 * max(1.0, e0):
-                    return None
+    if watch and _overlapping(c, schedule, times, moving):
+        return None
     return AloneRun(ends, busy, compute_end, times, spans)
 
-def _lists(moving: dict[int, list], placed: Placed) -> tuple[list, ...]:
-    """The interval lists of the watched pipes ``placed`` loads."""
-    return tuple(moving[x] for x in placed.pipes if x in moving)
+
+def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
+    """Index of the last backward of each local chunk in ``ops`` (searched from the end)."""
+    last: dict[int, int] = {}
+    for i in range(len(ops) - 1, -1, -1):
+        kind, _, local = ops[i]
+        if kind == "B" and local not in last:
+            last[local] = i
+            if len(last) == v:
+                break
+    return last
+
+
+def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
+              ) -> dict[tuple[str, int], tuple]:
+    """Stage ``s``'s ops by (kind, local chunk): whether a forward, the model chunk, where its
+    input arrives (None: it needs none), compute seconds, its TP collective and their count,
+    where its output goes (None: nowhere) and the send that carries it (None: same stage).
+    An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
+    p = c.plan.pp
+    n_chunks = p * c.plan.virtual_stages
+    table = {}
+    for kind in "FB":
+        for local in range(c.plan.virtual_stages):
+            g = local * p + s
+            ch = c.chunks[g]
+            fwd = kind == "F"
+            work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
+            tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+            nxt = g + 1 if fwd else g - 1
+            out = 0 <= nxt < n_chunks
+            need = g > 0 if fwd else g < n_chunks - 1
+            table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp, calls,
+                                  arrival[kind, nxt] if out else None,
+                                  c.p2p.get((s, nxt % p)) if out else None)
+    return table
+
+
+def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
+                 moving: dict[int, list[tuple[float, float]]]) -> bool:
+    """Whether two flows of a finished ``alone_schedule`` move bytes on one watched pipe (a
+    key of ``moving``, which holds the stream's intervals) at the same time.  An op's flows
+    are rebuilt from its (start, end) in ``times``, stage by stage and op kind by op kind, in
+    numpy: a send from the op's end plus the send's latency to its arrival; a blocking TP
+    collective from the compute's end plus its latencies to the op's end; an overlapped one
+    as its hidden share from the start and the rest after the compute.  The arithmetic is the
+    op loop's, so the intervals are bit for bit those it would have recorded."""
+    plan = c.plan
+    p = plan.pp
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    starts: dict[int, list] = {x: [np.array([a for a, _ in lst])] for x, lst in moving.items()}
+    stops: dict[int, list] = {x: [np.array([b for _, b in lst])] for x, lst in moving.items()}
+
+    def add(pipes: tuple[int, ...], a: np.ndarray, b: np.ndarray) -> None:
+        for x in pipes:
+            if x in starts:
+                starts[x].append(a)
+                stops[x].append(b)
+
+    for s in range(p):
+        ops = schedule[s]
+        tp_watch = 2 * s in moving or 2 * s + 1 in moving
+        flat = np.array(times[s])
+        begin, end = flat[0::2], flat[1::2]
+        kinds = np.frombuffer("".join(map(itemgetter(0), ops)).encode("ascii"), np.uint8)
+        forward = kinds == ord("F")
+        local_of = (np.array(list(map(itemgetter(2), ops))) if plan.virtual_stages > 1
+                    else None)
+        for kind in "FB":
+            for local in range(plan.virtual_stages):
+                g = local * p + s
+                ch = c.chunks[g]
+                fwd = kind == "F"
+                work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
+                                                                 ch.tp_bwd)
+                tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+                nxt = g + 1 if fwd else g - 1
+                send = c.p2p.get((s, nxt % p)) if 0 <= nxt < p * plan.virtual_stages else None
+                tp_pipes = tp.pipes if tp is not None and tp_watch else ()
+                send_pipes = send.pipes if send is not None else ()
+                if not any(x in moving for x in tp_pipes + send_pipes):
+                    continue
+                sel = forward if fwd else ~forward
+                if local_of is not None:
+                    sel = sel & (local_of == local)
+                a, b = begin[sel], end[sel]
+                if send_pipes:
+                    add(send_pipes, b + send.latency_s, b + send.alone_s)
+                if tp_pipes and h:
+                    alone = tp.alone_s * calls
+                    add(tp_pipes, a + h * calls * tp.latency_s, a + h * alone)
+                    add(tp_pipes, a + max(work, h * alone) + (1 - h) * calls * tp.latency_s, b)
+                elif tp_pipes:
+                    add(tp_pipes, a + work + calls * tp.latency_s, b)
+    for x in moving:
+        a, b = np.concatenate(starts[x]), np.concatenate(stops[x])
+        if len(a) > 1:
+            order = np.lexsort((b, a))  # by start, then end: the order of sorted tuples
+            a, b = a[order], b[order]
+            e0 = b[:-1]
+            if np.any(a[1:] < e0 - 1e-12 * np.maximum(1.0, e0)):
+                return True
+    return False
 
 
 def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> None:

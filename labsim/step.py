@@ -128,23 +128,29 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     p2p = _pipeline_sends(model, plan, cluster, net)
     precision = plan.numerics
     buckets, gathers, opt = [], [], []
-    n_chunks = plan.pp * plan.virtual_stages
     zero3 = plan.zero_stage == 3 and plan.dp > 1
     op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
     dp_place = _Placer(net, dp_group)
+    split: dict[float, tuple[int, int]] = {}  # a chunk's gradient: (bucket bytes, count)
     for g, ch in enumerate(chunks):
-        grad_bytes = ch.params * precision.grad_bytes
         if plan.dp > 1 and not zero3:
-            count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
-            buckets.append((dp_place(op, round(grad_bytes / count), g % plan.pp), count))
+            if ch.params not in split:
+                grad_bytes = ch.params * precision.grad_bytes
+                count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
+                split[ch.params] = (round(grad_bytes / count), count)
+            nbytes, count = split[ch.params]
+            buckets.append((dp_place(op, nbytes, g % plan.pp), count))
         else:
             buckets.append((None, 0))
+    shard = plan.dp if plan.zero_stage >= 1 else 1
+    stepped: dict[float, float] = {}  # the optimizer's seconds by a stage's parameters
     for s in range(plan.pp):
-        params = sum(chunks[g].params for g in range(s, n_chunks, plan.pp))
+        params = sum([ch.params for ch in chunks[s::plan.pp]])
         gathers.append(dp_place("allgather", round(params * precision.weight_bytes), s)
                        if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
-        shard = plan.dp if plan.zero_stage >= 1 else 1
-        opt.append(compute.optimizer_time(params / shard, gpu, plan.optimizer, su))
+        if params not in stepped:
+            stepped[params] = compute.optimizer_time(params / shard, gpu, plan.optimizer, su)
+        opt.append(stepped[params])
     z_gather = z_reduce = None
     z_extra: tuple[Placed | None, Placed | None] = (None, None)
     units = 1
@@ -227,25 +233,24 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     calls = 2 * (2 if plan.sequence_parallel else 1)
     tp_place = _Placer(net, tp_group)
     tp_op = "reduce_scatter" if plan.sequence_parallel else "allreduce"
-    params: dict[int, float] = {}  # a chunk's parameters differ only at the two ends
-    out = []
-    for g in range(n_chunks):
-        stage = g % plan.pp
-        last = g == n_chunks - 1
-        tp = tp_place(tp_op, round(lc.tp_bytes), stage) if plan.tp > 1 else None
-        end = g if g in (0, n_chunks - 1) else 1
-        if end not in params:
-            params[end] = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=g))
-        rec = calls * per_chunk if plan.recompute == "full" else 0
-        f, b = (head_f, head_b) if last else (compute.PassCost(), compute.PassCost())
-        out.append(ChunkCost(
+    rec = calls * per_chunk if plan.recompute == "full" else 0
+    figures = {}  # a chunk's figures but its TP collective (they differ only at the ends)
+    for end in {0, min(1, n_chunks - 1), n_chunks - 1}:  # first, middle, last
+        f, b = (head_f, head_b) if end == n_chunks - 1 else (compute.PassCost(),
+                                                              compute.PassCost())
+        figures[end] = (
             per_chunk, per_chunk * lc.forward.time_s + f.time_s,
             per_chunk * lc.backward.time_s + b.time_s, per_chunk * lc.recompute.time_s,
             f.time_s, b.time_s,
             per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
             + f.flops + b.flops, per_chunk * lc.model_flops + f.flops + b.flops,
-            params[end], tp,
-            calls * per_chunk, calls * per_chunk + rec))
+            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end)))
+    tp_bytes, tp_fwd = round(lc.tp_bytes), calls * per_chunk
+    out = []
+    for g in range(n_chunks):
+        tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
+        out.append(ChunkCost(*figures[g if g in (0, n_chunks - 1) else 1], tp, tp_fwd,
+                             tp_fwd + rec))
     return out
 
 
@@ -257,14 +262,13 @@ def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
                    / plan.tp)
     out: dict[tuple[int, int], Placed] = {}
     costs: dict[tuple[int, int, int], CollectiveCost] = {}  # by the pair's shape
-    g_node = cluster.gpus_per_node
     p = plan.pp
-    for g in range(p * plan.virtual_stages - 1):
+    nic = net.nic_index
+    for g in range(min(p, p * plan.virtual_stages - 1)):  # chunk g + p pairs like chunk g
         for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
             if (a, b) not in out and a != b:
                 ra, rb = net.rep[a], net.rep[b]
-                shape = (int(ra // g_node == rb // g_node), cluster.nic_of(ra % g_node),
-                         cluster.nic_of(rb % g_node))
+                shape = (int(net.node[a] == net.node[b]), nic[a], nic[b])
                 if shape not in costs:
                     costs[shape] = plan_collective("sendrecv", nbytes,
                                                    group_of(cluster, [ra, rb]))
@@ -462,7 +466,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     if c.zero3_gather is None and 2 * p * m * v <= SMALL_PIPELINE_OPS:
         # a small pipeline: its schedule evaluated op by op at the rates alone is cheaper
         # than the formulas' error on it
-        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v))
+        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
         return result_from(c, max(run.ends), run.busy, run.compute_end, mem, None)
     n_chunks = p * v
     h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
@@ -480,8 +484,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         fwd.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h) + (send_f[-1] if blocking else 0))
         bwd.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h)
                    + (send_b[-1] if blocking else 0))
-    stage_f = [sum(fwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
-    stage_b = [sum(bwd[g] for g in range(s, n_chunks, p)) for s in range(p)]
+    stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
+    stage_b = [sum(bwd[s::p]) for s in range(p)]
     comm = 0.0 if blocking else sum(send_f[:p - 1]) + sum(send_b[1:p])
     if plan.schedule == "gpipe":
         pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)

@@ -68,6 +68,34 @@ def test_one_f_one_b_phases():
     assert [repr(op) for op in schedule[3]] == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5".split()
 
 
+def _reference_order(p, m, v):
+    """1F1B (v = 1) and interleaved 1F1B written op by op as Megatron-LM's
+    ``forward_backward_pipelining_with_interleaving`` orders them: a warm-up of forwards, then
+    one forward and one backward at a time, then the remaining backwards."""
+    total = m * v
+    schedule = []
+    for s in range(p):
+        if v == 1:
+            warmup = min(p - s - 1, m)
+        else:
+            warmup = total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
+        f = [Op("F", (k // (p * v)) * p + k % p, (k // p) % v) for k in range(total)]
+        b = [Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v) for k in range(total)]
+        ops = f[:warmup]
+        for k in range(total - warmup):
+            ops += [f[warmup + k], b[k]]
+        schedule.append(tuple(ops + b[total - warmup:]))
+    return tuple(schedule)
+
+
+@pytest.mark.parametrize("p, m, v", [(1, 3, 1), (4, 9, 1), (8, 3, 1), (5, 5, 1), (2, 2, 2),
+                                     (4, 8, 2), (4, 4, 4), (3, 9, 3)])
+def test_stages_run_warm_up_steady_state_and_cool_down(p, m, v):
+    schedule = make_schedule("interleaved" if v > 1 else "1f1b", p, m, v)
+    assert schedule == _reference_order(p, m, v)
+    assert all(type(ops) is tuple and all(type(op) is Op for op in ops) for ops in schedule)
+
+
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 8), (1, 5)])
 def test_in_flight_micro_batches(p, m):
     assert max_in_flight(one_f_one_b(p, m)[0]) == min(p, m)

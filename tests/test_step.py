@@ -1,6 +1,7 @@
 """The training step: what the engine does, its two faces agreeing, properties, the software
 profiles, and the published runs (calibration and held-out)."""
 
+import itertools
 import statistics
 from dataclasses import replace
 
@@ -10,6 +11,8 @@ from hypothesis import strategies as st
 
 import labsim
 from labsim.memory import stage_params
+from labsim.network import FoldedNetwork
+from labsim.pipeline import _contended, alone_schedule, make_schedule
 from labsim.plan import Plan
 from labsim.published import runs
 from labsim.sim.step import simulate_step
@@ -215,6 +218,112 @@ def test_the_fast_path_equals_the_event_simulation():
         slow = simulate_step(SMALL, cluster, plan, events=True)
         assert fast.step_time_s == pytest.approx(slow.step_time_s, rel=1e-9)
         assert fast.bubble_fraction == pytest.approx(slow.bubble_fraction, rel=1e-9)
+
+
+def _flows_overlap(c, schedule, run):
+    """The fast path's contention test written out flow by flow: every interval a flow of the
+    step loads a watched pipe (from ``run``'s op times and its bucket spans), per pipe, sorted
+    and compared with its neighbour (one tolerance: 1e-12 of the end, at least 1e-12 s)."""
+    p, plan = c.plan.pp, c.plan
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    on = {x: [] for x in _contended(c)}
+
+    def load(placed, a, b):
+        for x in placed.pipes:
+            if x in on:
+                on[x].append((a, b))
+
+    for s, ops in enumerate(schedule):
+        for j, (kind, _, local) in enumerate(ops):
+            start, end = run.op_times[s][2 * j], run.op_times[s][2 * j + 1]
+            g = local * p + s
+            ch = c.chunks[g]
+            fwd = kind == "F"
+            work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
+            tp = ch.tp
+            if tp is not None and calls and tp.pipes and (2 * s in on or 2 * s + 1 in on):
+                alone = tp.alone_s * calls
+                if h:
+                    load(tp, start + h * calls * tp.latency_s, start + h * alone)
+                    load(tp, start + max(work, h * alone) + (1 - h) * calls * tp.latency_s, end)
+                else:
+                    load(tp, start + work + calls * tp.latency_s, end)
+            nxt = g + 1 if fwd else g - 1
+            send = c.p2p.get((s, nxt % p)) if 0 <= nxt < p * plan.virtual_stages else None
+            if send is not None:
+                load(send, end + send.latency_s, end + send.alone_s)
+    for s, stream, _, a, b, label, _ in run.spans:
+        if stream == "dp":
+            placed = (c.param_gather[s] if label == "allgather parameters"
+                      else c.buckets[int(label.split()[-1])][0])
+            load(placed, a + placed.latency_s, b)
+    for intervals in on.values():
+        intervals.sort()
+        for (_, e0), (s1, _) in zip(intervals, intervals[1:]):
+            if s1 < e0 - 1e-12 * max(1.0, e0):
+                return True
+    return False
+
+
+def test_the_fast_path_declines_exactly_when_two_flows_share_a_pipe():
+    # PCIe boxes (one or two NICs a node) and DGX nodes; tensor-parallel collectives blocking
+    # and overlapped; pipeline sends blocking and not; 1F1B, GPipe, interleaved; ZeRO-1's
+    # parameter all-gather
+    declined = accepted = 0
+    clusters = [labsim.pcie_box(1), labsim.pcie_box(2, nics_per_node=2), labsim.dgx_a100(2)]
+    profiles = [("generic", False, 0), ("megatron-core-te", True, 1),
+                ("megatron-lm-2021", False, 0)]
+    for cluster, tp, pp, schedule, (soft, overlap, zero) in itertools.product(
+            clusters, [1, 2], [2, 4], ["1f1b", "gpipe", "interleaved"], profiles):
+        dp = cluster.world_size // (tp * pp)
+        v = 2 if schedule == "interleaved" else 1
+        m = 2 * pp if v > 1 else 4
+        plan = Plan(dp=dp, tp=tp, pp=pp, global_batch=dp * m, schedule=schedule,
+                    virtual_stages=v, software=soft, tp_comm_overlap=overlap and tp > 1,
+                    sequence_parallel=tp > 1, zero_stage=zero)
+        c = step_costs(SMALL, cluster, plan)
+        ops = make_schedule(schedule, pp, m, v)
+        run = alone_schedule(c, ops)
+        checked = alone_schedule(c, ops, check=True)
+        if _flows_overlap(c, ops, run):
+            assert checked is None, plan
+            declined += 1
+        else:
+            assert checked is not None and checked.ends == run.ends, plan
+            accepted += 1
+    assert declined >= 20 and accepted >= 20  # both answers are exercised
+
+
+def test_the_closed_form_evaluates_a_small_pipeline_without_its_trace():
+    # ZeRO-2 reduces every micro-batch's buckets: a stream that falls behind the backward
+    plan = Plan(dp=8, micro_batch=4, global_batch=256, zero_stage=2, bucket_bytes=4e6)
+    c = step_costs(MID, labsim.dgx_a100(1), plan)
+    ops = make_schedule("1f1b", 1, plan.microbatches)
+    full, bare = alone_schedule(c, ops), alone_schedule(c, ops, trace=False)
+    assert bare.spans == [] and len(full.spans) > 8 * plan.microbatches
+    assert (bare.ends, bare.busy, bare.compute_end) == (full.ends, full.busy, full.compute_end)
+    streams = max(b for _, stream, _, _, b, _, _ in full.spans if stream == "dp")
+    assert streams > full.compute_end  # the bucket stream decides the step's end
+    assert estimate_step(MID, labsim.dgx_a100(1), plan).step_time_s == max(full.ends)
+
+
+def test_a_placement_is_the_one_a_fresh_network_gives():
+    # a network remembers each collective's loads and time alone by kind of placement; the
+    # same cost placed as a group collective, a send within a node and one between nodes
+    cluster = labsim.pcie_box(2, nics_per_node=2)
+    plan = Plan(dp=2, pp=8, global_batch=16)
+    c = step_costs(SMALL, cluster, plan)
+    for cost in {id(x.cost): x.cost for x in list(c.p2p.values()) + [
+            b for b, _ in c.buckets]}.values():
+        warm = FoldedNetwork(cluster, plan)
+        for s in range(plan.pp):
+            assert warm.place(cost, s) == FoldedNetwork(cluster, plan).place(cost, s)
+        for a, b in c.p2p:
+            assert warm.place_send(cost, a, b) == FoldedNetwork(cluster, plan).place_send(
+                cost, a, b)
+    kinds = {FoldedNetwork(cluster, plan).node[a] == FoldedNetwork(cluster, plan).node[b]
+             for a, b in c.p2p}
+    assert kinds == {True, False}
 
 
 def test_shared_links_slow_the_step_down_never_speed_it_up():
