@@ -107,3 +107,23 @@ def test_a_flow_joining_a_solo_flow_shares_with_it_and_bytes_are_counted():
     env.run()
     assert ends == pytest.approx({"solo": 1.2, "late": 0.9})
     assert net.moved.tolist() == pytest.approx([100.0, 120.0])
+
+
+def test_a_step_comes_out_the_same_whatever_the_memory_layout() -> None:
+    """Flows admitted at the same instant are re-rated in creation order, not in the order of
+    their addresses: the spans of a step (ZeRO-3 gathers and reductions end together) are the
+    same list, in the same order, however the interpreter's memory was laid out before."""
+    import random
+
+    from labsim import Plan, Transformer, dgx_a100, simulate_step
+
+    def spans(junk: int) -> list[str]:
+        keep = [object() for _ in range(junk)]
+        random.Random(junk).shuffle(keep)
+        r = simulate_step(Transformer.preset("megatron-1.7b"), dgx_a100(2),
+                          Plan(dp=16, zero_stage=3, micro_batch=1, global_batch=32,
+                               software="fsdp"))
+        return [repr(s) for s in r.spans]
+
+    first = spans(0)
+    assert all(spans(junk) == first for junk in (1, 1000, 77777))

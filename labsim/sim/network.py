@@ -32,14 +32,15 @@ class Flow:
     """A flow in flight (bytes, rates and times; internal state of ``Network``)."""
 
     __slots__ = ("nbytes", "left", "rate", "pipes", "loads", "cap", "done", "version",
-                 "since", "start_s", "admit_s", "end_s", "tag")
+                 "since", "start_s", "admit_s", "end_s", "tag", "seq")
 
     def __init__(self, nbytes: float, pipes: tuple[int, ...], loads: tuple[float, ...],
-                 cap: float, done: simpy.Event, tag: object) -> None:
+                 cap: float, done: simpy.Event, tag: object, seq: int = 0) -> None:
         self.nbytes = self.left = float(nbytes)
         self.rate = 0.0
         self.pipes, self.loads, self.cap = pipes, loads, cap
         self.done, self.tag = done, tag
+        self.seq = seq  # creation order: ties between flows admitted together break by it
         self.version = 0
         self.since = self.start_s = self.admit_s = self.end_s = 0.0
 
@@ -56,6 +57,7 @@ class Network:
         self.moved = np.zeros(len(self.capacity))  # wire bytes per pipe (if tracked)
         self.track_bytes = track_bytes
         self.events = 0
+        self._created = 0  # flows created so far
         self._on: dict[int, set[Flow]] = {}
         self._cap = [float(c) for c in self.capacity]
         self._active = 0  # flows admitted and not ended
@@ -69,7 +71,8 @@ class Network:
             loads = np.asarray(loads, dtype=float)
         elif not isinstance(pipes, tuple):
             pipes, loads = tuple(int(p) for p in pipes), tuple(float(x) for x in loads)
-        f = Flow(nbytes, pipes, loads, cap, done, tag)  # type: ignore[arg-type]
+        self._created += 1
+        f = Flow(nbytes, pipes, loads, cap, done, tag, self._created)  # type: ignore[arg-type]
         f.start_s = self.env.now
         if latency > 0:
             self.events += 1
@@ -154,7 +157,7 @@ class Network:
 
     def _rerate(self, flows: set[Flow]) -> None:
         now = self.env.now
-        ordered = sorted(flows, key=lambda g: (g.admit_s, id(g)))
+        ordered = sorted(flows, key=lambda g: (g.admit_s, g.seq))
         for g in ordered:  # bring every flow up to now at its old rate
             g.left = max(0.0, g.left - g.rate * (now - g.since))
             g.since = now
