@@ -455,7 +455,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     the reduce in backward) on the data-parallel links, prefetch permitting.
     """
     from labsim.memory import step_memory
-    from labsim.pipeline import alone_schedule, in_flight_peak, make_schedule
+    from labsim.pipeline import in_flight_peak, make_schedule
+    from labsim.uncontended import alone_schedule
 
     c = step_costs(model, cluster, plan)
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages

@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 import labsim
 from labsim.memory import stage_params
 from labsim.network import FoldedNetwork
-from labsim.pipeline import _contended, alone_schedule, make_schedule
+from labsim.pipeline import make_schedule
 from labsim.plan import Plan
 from labsim.published import runs
 from labsim.sim.step import simulate_step
 from labsim.software import PROFILES
 from labsim.step import estimate_step, step_costs, zero3_gathers
+from labsim.uncontended import _contended, alone_schedule
 
 SMALL = labsim.Transformer(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MID = labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000)

@@ -41,10 +41,11 @@ import simpy
 from labsim.cluster import Cluster
 from labsim.memory import step_memory
 from labsim.network import Placed
-from labsim.pipeline import alone_schedule, make_schedule, max_in_flight
+from labsim.pipeline import make_schedule, max_in_flight
 from labsim.plan import Plan
 from labsim.sim.network import Network
 from labsim.step import StepCosts, StepResult, _op_time, result_from, step_costs
+from labsim.uncontended import alone_schedule
 from labsim.workload import Transformer
 
 MAX_OPS = 2_000_000  # pipeline ops (2 pp m v): beyond, a simulation takes minutes

@@ -1,0 +1,303 @@
+"""A training step evaluated exactly without events, when nothing it moves contends.
+
+``alone_schedule`` runs a step's op lists (``labsim.pipeline``) in schedule order with every
+flow at its rate alone (``labsim.network.FoldedNetwork``): an op starts at max(stage free,
+input arrival), gradient buckets stream as backward produces them, then the optimizer and
+ZeRO-1/2's parameter all-gather.  That is exactly what the event engine
+(``labsim.sim.step``) computes whenever no two flows move bytes on one pipe at the same time;
+``check=True`` finds out and answers None when some do, so ``simulate_step`` runs the events
+only for steps that need them, and ``estimate_step`` uses the same evaluation as its fast
+path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from labsim.pipeline import Op, Schedule
+
+if TYPE_CHECKING:  # annotations only: labsim.step imports this module
+    from labsim.network import Placed
+    from labsim.step import StepCosts
+
+
+@dataclass(frozen=True)
+class AloneRun:
+    """What ``alone_schedule`` computed: each stage's end, compute-busy seconds, the end of
+    the last compute, every op's (start, end) per stage (flat list), and the other spans."""
+
+    ends: list[float]
+    busy: list[float]
+    compute_end: float
+    op_times: list[list[float]]
+    spans: list[tuple]
+
+
+def _contended(c: StepCosts) -> set[int]:
+    """Pipes that two streams of work can load at once (``alone_schedule`` watches these)."""
+    p = c.plan.pp
+    users: dict[int, set[tuple]] = {}
+    blocking = c.software.blocking_p2p
+    for (a, b), pl in c.p2p.items():
+        for x in pl.pipes:
+            users.setdefault(x, set()).add(("compute" if blocking else "p2p", a, b))
+    for g, (pl, _) in enumerate(c.buckets):
+        for x in (pl.pipes if pl is not None else ()):
+            users.setdefault(x, set()).add(("dp", g % p))
+    for s_ in range(p):
+        pl = c.param_gather[s_]
+        for x in (pl.pipes if pl is not None else ()):
+            users.setdefault(x, set()).add(("dp", s_))
+        for g in range(s_, p * c.plan.virtual_stages, p):
+            tp = c.chunks[g].tp
+            for x in (tp.pipes if tp is not None else ()):
+                users.setdefault(x, set()).add(("compute", s_))
+    return {x for x, u in users.items() if len(u) > 1}
+
+
+def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
+                   trace: bool = True) -> AloneRun | None:
+    """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
+    max(stage free, input arrival); buckets on a stream as backward produces them; then the
+    optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
+    computes whenever no two flows move bytes on one pipe at the same time; with ``check``
+    it returns None when some do (the caller then simulates the network).  ``trace=False``
+    leaves ``spans`` empty (the closed form needs the times only)."""
+    plan = c.plan
+    p, m = plan.pp, plan.microbatches
+    n_chunks = p * plan.virtual_stages
+    zero2 = plan.zero_stage == 2
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    blocking = c.software.blocking_p2p
+    spans: list[tuple] = []
+    record = spans.append
+    watch = _contended(c) if check else set()
+    moving: dict[int, list[tuple[float, float]]] = {x: [] for x in watch}
+    overlap = plan.overlap_grad_reduce
+    busy = [0.0] * p
+    clock = [0.0] * p
+    index = [0] * p
+    # arrival[kind, chunk][mb]: when micro-batch mb's input of that op reaches its stage
+    arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
+    pending: list[list[tuple]] = [[] for _ in range(p)]  # buckets: (ready, bucket, k, g)
+    bare = not (check or trace)
+    stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
+    times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
+    tables = [_op_table(c, s, arrival) for s in range(p)]
+    last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
+    remaining = sum(len(o) for o in schedule)
+    while remaining:
+        advanced = False
+        for s in range(p):
+            ops, i, t, table = schedule[s], index[s], clock[s], tables[s]
+            n = len(ops)
+            if i == n:
+                continue
+            bucket_ok = overlap
+            start_i = i
+            times_s = times[s]
+            while i < n:
+                kind, mb, local = ops[i]
+                fwd, g, inbox, work, tp, calls, outbox, send = table[kind, local]
+                if inbox is not None:
+                    a = inbox[mb]
+                    if a is None:
+                        break
+                    if a > t:
+                        t = a
+                start = t
+                if tp is None:
+                    end = start + work
+                    planned = work
+                elif h:
+                    alone = tp.alone_s * calls
+                    end = start + max(work, h * alone) + (1 - h) * alone
+                    planned = end - start
+                else:
+                    alone = tp.alone_s * calls
+                    end = start + work + alone
+                    planned = work + alone
+                if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
+                    bucket, n_buckets = c.buckets[g]
+                    if bare and n_buckets:  # the stream's end only: run it now, in order
+                        free, tau = stream_free[s], bucket.alone_s
+                        for k in range(n_buckets):
+                            ready = start + planned * (k + 1) / n_buckets
+                            free = (free if free > ready else ready) + tau
+                        stream_free[s] = free
+                    else:
+                        for k in range(n_buckets):
+                            pending[s].append((start + planned * (k + 1) / n_buckets, bucket,
+                                               k, g))
+                times_s.append(start)
+                times_s.append(end)
+                t = end
+                if outbox is not None:
+                    if send is None:
+                        outbox[mb] = end
+                    else:
+                        arrive = outbox[mb] = end + send.alone_s
+                        if blocking:
+                            t = arrive
+                i += 1
+            if i > start_i:
+                remaining -= i - start_i
+                advanced = True
+            index[s], clock[s] = i, t
+        if not advanced:
+            raise ValueError("the schedule deadlocks: an op waits for a message never sent")
+    for s in range(p):
+        ts = times[s]
+        busy[s] = sum(ts[1::2]) - sum(ts[0::2])
+    compute_end = max(clock)
+    ends = []
+    for s in range(p):
+        queue = pending[s]
+        if not overlap:
+            queue = [(clock[s], b, k, g)
+                     for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
+                     if b is not None for k in range(n * (m if zero2 else 1))]
+        free = stream_free[s]
+        if check or trace:
+            for ready, bucket, k, g in queue:
+                start = free if free > ready else ready  # max(ready, free)
+                free = start + bucket.alone_s
+                if check:
+                    _mark(moving, bucket, start + bucket.latency_s, free)
+                if trace:
+                    record((s, "dp", "comm", start, free, f"bucket {k} chunk {g}",
+                            bucket.nbytes))
+        else:  # the stream's end only
+            for ready, bucket, _, _ in queue:
+                free = (free if free > ready else ready) + bucket.alone_s
+        t = max(clock[s], free) + c.optimizer_s[s]
+        if trace:
+            record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
+                    0.0))
+        gather = c.param_gather[s]
+        if gather is not None and not c.software.overlap_param_gather:
+            if trace:
+                record((s, "dp", "comm", t, t + gather.alone_s, "allgather parameters",
+                        gather.nbytes))
+            if check:
+                _mark(moving, gather, t + gather.latency_s, t + gather.alone_s)
+            t += gather.alone_s
+        ends.append(t)
+    if watch and _overlapping(c, schedule, times, moving):
+        return None
+    return AloneRun(ends, busy, compute_end, times, spans)
+
+
+def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
+    """Index of the last backward of each local chunk in ``ops`` (searched from the end)."""
+    last: dict[int, int] = {}
+    for i in range(len(ops) - 1, -1, -1):
+        kind, _, local = ops[i]
+        if kind == "B" and local not in last:
+            last[local] = i
+            if len(last) == v:
+                break
+    return last
+
+
+def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
+              ) -> dict[tuple[str, int], tuple]:
+    """Stage ``s``'s ops by (kind, local chunk): whether a forward, the model chunk, where its
+    input arrives (None: it needs none), compute seconds, its TP collective and their count,
+    where its output goes (None: nowhere) and the send that carries it (None: same stage).
+    An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
+    p = c.plan.pp
+    n_chunks = p * c.plan.virtual_stages
+    table = {}
+    for kind in "FB":
+        for local in range(c.plan.virtual_stages):
+            g = local * p + s
+            ch = c.chunks[g]
+            fwd = kind == "F"
+            work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
+            tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+            nxt = g + 1 if fwd else g - 1
+            out = 0 <= nxt < n_chunks
+            need = g > 0 if fwd else g < n_chunks - 1
+            table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp, calls,
+                                  arrival[kind, nxt] if out else None,
+                                  c.p2p.get((s, nxt % p)) if out else None)
+    return table
+
+
+def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
+                 moving: dict[int, list[tuple[float, float]]]) -> bool:
+    """Whether two flows of a finished ``alone_schedule`` move bytes on one watched pipe (a
+    key of ``moving``, which holds the stream's intervals) at the same time.  An op's flows
+    are rebuilt from its (start, end) in ``times``, stage by stage and op kind by op kind, in
+    numpy: a send from the op's end plus the send's latency to its arrival; a blocking TP
+    collective from the compute's end plus its latencies to the op's end; an overlapped one
+    as its hidden share from the start and the rest after the compute.  The arithmetic is the
+    op loop's, so the intervals are bit for bit those it would have recorded."""
+    plan = c.plan
+    p = plan.pp
+    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    starts: dict[int, list] = {x: [np.array([a for a, _ in lst])] for x, lst in moving.items()}
+    stops: dict[int, list] = {x: [np.array([b for _, b in lst])] for x, lst in moving.items()}
+
+    def add(pipes: tuple[int, ...], a: np.ndarray, b: np.ndarray) -> None:
+        for x in pipes:
+            if x in starts:
+                starts[x].append(a)
+                stops[x].append(b)
+
+    for s in range(p):
+        ops = schedule[s]
+        tp_watch = 2 * s in moving or 2 * s + 1 in moving
+        flat = np.array(times[s])
+        begin, end = flat[0::2], flat[1::2]
+        kinds = np.frombuffer("".join(map(itemgetter(0), ops)).encode("ascii"), np.uint8)
+        forward = kinds == ord("F")
+        local_of = (np.array(list(map(itemgetter(2), ops))) if plan.virtual_stages > 1
+                    else None)
+        for kind in "FB":
+            for local in range(plan.virtual_stages):
+                g = local * p + s
+                ch = c.chunks[g]
+                fwd = kind == "F"
+                work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
+                                                                 ch.tp_bwd)
+                tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+                nxt = g + 1 if fwd else g - 1
+                send = c.p2p.get((s, nxt % p)) if 0 <= nxt < p * plan.virtual_stages else None
+                tp_pipes = tp.pipes if tp is not None and tp_watch else ()
+                send_pipes = send.pipes if send is not None else ()
+                if not any(x in moving for x in tp_pipes + send_pipes):
+                    continue
+                sel = forward if fwd else ~forward
+                if local_of is not None:
+                    sel = sel & (local_of == local)
+                a, b = begin[sel], end[sel]
+                if send_pipes:
+                    add(send_pipes, b + send.latency_s, b + send.alone_s)
+                if tp_pipes and h:
+                    alone = tp.alone_s * calls
+                    add(tp_pipes, a + h * calls * tp.latency_s, a + h * alone)
+                    add(tp_pipes, a + max(work, h * alone) + (1 - h) * calls * tp.latency_s, b)
+                elif tp_pipes:
+                    add(tp_pipes, a + work + calls * tp.latency_s, b)
+    for x in moving:
+        a, b = np.concatenate(starts[x]), np.concatenate(stops[x])
+        if len(a) > 1:
+            order = np.lexsort((b, a))  # by start, then end: the order of sorted tuples
+            a, b = a[order], b[order]
+            e0 = b[:-1]
+            if np.any(a[1:] < e0 - 1e-12 * np.maximum(1.0, e0)):
+                return True
+    return False
+
+
+def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> None:
+    for x in placed.pipes:
+        lst = moving.get(x)
+        if lst is not None:
+            lst.append((start, end))
