@@ -265,3 +265,18 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return "State:\tZ" not in state
+
+
+def test_a_dead_zygote_is_replaced_at_the_next_launch() -> None:
+    from labsim.lab import launcher
+
+    ns: dict = {"__name__": "__main_notebook__"}
+    exec(compile(STATE_CELL, "<notebook cell>", "exec"), ns)
+    first = launch(ns["leave_a_mark"], 2, timeout_s=120)
+    zygote = launcher._zygote()
+    assert zygote is not None and set(first) == {zygote.proc.pid}
+    zygote.proc.kill()
+    zygote.proc.wait()
+    second = launch(ns["leave_a_mark"], 2, timeout_s=120)
+    again = launcher._zygote()
+    assert again is not None and set(second) == {again.proc.pid} != set(first)
