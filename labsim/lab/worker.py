@@ -25,7 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from labsim.lab.launcher import WorkerOutcome
+from labsim.lab.launcher import WorkerOutcome, _alive
 
 
 def resolve(spec: str) -> Any:
@@ -35,16 +35,6 @@ def resolve(spec: str) -> Any:
     for part in name.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _watch_parent(launcher: int) -> None:
