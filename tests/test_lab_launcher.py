@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -42,13 +43,16 @@ def test_a_notebook_function_runs_by_value_and_returns_every_rank():
     assert result.backend == "gloo" and len(result) == 2
 
 
-def _workers_alive() -> list[str]:
-    """PIDs of launcher workers (``labsim.lab.worker --payload``, or a process the zygote forked
-    and named ``labsim-worker``) still running that this test
-    process started (its descendants) or that nothing waits for (orphans, adopted by init);
-    another job's workers on the machine are neither."""
-    parent: dict[str, str] = {}
-    workers = []
+class _Proc(NamedTuple):
+    ppid: int
+    name: str  # /proc/<pid>/comm
+    cmdline: bytes
+    zombie: bool
+
+
+def _processes() -> dict[int, _Proc]:
+    """Every process on the machine, from /proc."""
+    table = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             cmd = (proc / "cmdline").read_bytes()
@@ -56,25 +60,33 @@ def _workers_alive() -> list[str]:
         except OSError:
             continue
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        parent[proc.name] = fields.get("PPid", "").strip()
-        worker = (b"labsim.lab.worker" in cmd and b"--payload" in cmd) or \
-            fields.get("Name", "").strip() == "labsim-worker"  # forked by the zygote
-        if worker and not fields.get("State", "").startswith("Z"):
-            workers.append(proc.name)
-    me = str(os.getpid())
+        table[int(proc.name)] = _Proc(int(fields.get("PPid", "0").strip() or 0),
+                                      fields.get("Name", "").strip(), cmd,
+                                      fields.get("State", "").startswith("Z"))
+    return table
 
-    def descends(pid: str) -> bool:
-        if parent.get(pid) == "1":
+
+def _below(table: dict[int, _Proc], pid: int, root: int) -> bool:
+    """Whether ``pid`` descends from ``root``."""
+    for _ in range(64):
+        pid = table[pid].ppid if pid in table else 0
+        if pid == root:
             return True
-        for _ in range(64):
-            pid = parent.get(pid, "0")
-            if pid == me:
-                return True
-            if pid in ("0", "1", ""):
-                return False
-        return False
+        if pid in (0, 1):
+            return False
+    return False
 
-    return [w for w in workers if descends(w)]
+
+def _workers_alive() -> list[int]:
+    """PIDs of launcher workers (``labsim.lab.worker --payload``, or a process the zygote forked
+    and named ``labsim-worker``) still running that this test process started (its
+    descendants) or that nothing waits for (orphans, adopted by init); another job's workers
+    on the machine are neither."""
+    table, me = _processes(), os.getpid()
+    return [pid for pid, p in table.items() if not p.zombie
+            and ((b"labsim.lab.worker" in p.cmdline and b"--payload" in p.cmdline)
+                 or p.name == "labsim-worker")
+            and (p.ppid == 1 or _below(table, pid, me))]
 
 
 def test_a_worker_that_raises_shows_its_traceback():
@@ -236,35 +248,14 @@ launch(sleeps, 2, timeout_s=3600)
 
 def _descendants(root: int, name: str | None = None) -> list[int]:
     """Processes below ``root`` (with ``name`` as their /proc comm, if given)."""
-    parents, names = {}, {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in (proc / "status").read_text()
-                          .splitlines() if ":\t" in line)
-        except OSError:
-            continue
-        parents[int(proc.name)] = int(fields.get("PPid", "0").strip() or 0)
-        names[int(proc.name)] = fields.get("Name", "").strip()
-    found = []
-    for pid in parents:
-        up = pid
-        for _ in range(64):
-            up = parents.get(up, 0)
-            if up == root:
-                if name is None or names[pid] == name:
-                    found.append(pid)
-                break
-            if up in (0, 1):
-                break
-    return found
+    table = _processes()
+    return [pid for pid, p in table.items()
+            if (name is None or p.name == name) and _below(table, pid, root)]
 
 
 def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "State:\tZ" not in state
+    p = _processes().get(pid)
+    return p is not None and not p.zombie
 
 
 def test_a_dead_zygote_is_replaced_at_the_next_launch() -> None:

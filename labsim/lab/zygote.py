@@ -31,11 +31,6 @@ WORKER_NAME = b"labsim-worker"  # the worker's /proc/<pid>/comm
 POLL_S = 0.02
 
 
-def _status(code: int) -> int:
-    """``os.waitpid``'s status as ``subprocess``'s return code (negative: killed by a signal)."""
-    return -os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
-
-
 def _write_exit(path: str, code: int) -> None:
     tmp = f"{path}.tmp"
     with contextlib.suppress(OSError):  # the launch's folder may be gone already
@@ -54,7 +49,7 @@ def _reap(children: dict[int, str]) -> None:
             return
         path = children.pop(pid, None)
         if path is not None:
-            _write_exit(path, _status(code))
+            _write_exit(path, os.waitstatus_to_exitcode(code))
 
 
 def _become_worker(request: dict) -> None:
