@@ -20,6 +20,15 @@ name                  compute   weights  grads  optimizer (Adam)                
 
 Activations are stored in the compute dtype (4 bytes for fp32, 2 for the 16-bit formats).
 
+``"mixed-fp32-grads-remainders"`` (bf16; weights 2, gradients 4, remainder 2 + m 4 + v 4:
+16 bytes) is what NeMo's ``distributed_fused_adam`` (Apex
+``DistributedFusedAdam``) keeps by default for a bf16 model: its gradient buffer and reduction
+in the optimizer dtype (fp32), and, with ``store_param_remainders``, the fp32 master as the
+bf16 weight plus the low 16 bits (NeMo ``megatron_base_model.setup_optimization``; Apex
+``StateBucket``).  With the recipe's ``optim.dtype: bf16`` and ``grad_sync_dtype: bf16`` (as
+the Nemotron-4 340B recipe sets) the optimizer dtype equals the model's, no copy is stored and
+training is ``"pure-bf16"``.
+
 On a GPU the low-precision formats win twice: tensor cores run bf16/fp16 at many times the
 fp32 rate (H100 SXM: 989 vs 67 TFLOP/s dense, catalog), and each element is half the bytes, so
 memory-bound work also moves half the traffic.  ``layer_gemm_times`` applies the roofline
@@ -91,6 +100,7 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp16", "fp16", 2, 2, 4, 4),
     Precision("mixed", "bf16", 2, 2, 4, 4),
     Precision("mixed-fp32-grads", "bf16", 2, 4, 4, 4),
+    Precision("mixed-fp32-grads-remainders", "bf16", 2, 4, 2, 4),
     Precision("autocast-bf16", "bf16", 4, 4, 0, 4),
     Precision("autocast-fp16", "fp16", 4, 4, 0, 4),
     Precision("pure-bf16", "bf16", 2, 2, 0, 2),

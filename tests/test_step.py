@@ -455,7 +455,7 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
 def test_runs_that_trained_fit_in_memory():
     misses = [r.id for r in runs()
               if not simulate_step(r.model, r.cluster, r.plan, memory=True).fits]
-    assert misses == ["dgxc2411_nemotron4_340b_bf16_128gpu"]  # docs/step.md: 85 of 80 GB
+    assert misses == []
 
 
 def test_results_and_profiles_pickle_by_value_for_worker_processes():
