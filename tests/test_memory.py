@@ -30,6 +30,8 @@ def test_bytes_per_param_table() -> None:
     assert sum(bytes_per_param("mixed-fp32-grads", "adam")) == 18
     assert bytes_per_param("fp32", "adam") == (4, 4, 8)
     assert bytes_per_param("pure-bf16", "adam") == (2, 2, 4)  # no fp32 master copy
+    # NeMo's distributed Adam: fp32 gradients, the master as bf16 weight + 16-bit remainder
+    assert bytes_per_param("mixed-fp32-grads-remainders", "adam") == (2, 4, 10)
     assert bytes_per_param("bf16", "adam") == bytes_per_param("mixed", "adam")  # one vocabulary
     assert bytes_per_param("autocast-bf16", "adam") == (4, 4, 8)  # torch.amp: fp32 weights
     assert bytes_per_param("fp32", "sgd") == (4, 4, 0)
