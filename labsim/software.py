@@ -126,8 +126,9 @@ class SoftwareProfile:
 
 
 # No framework in particular: the calibrated profiles' values, rounded (Ampere: Megatron-LM
-# 0.804 and FSDP 0.794; Hopper: Megatron-Core 0.731 and FSDP 0.642, midway); Volta and
-# Blackwell have no calibration run and take their neighbour's.
+# 2021 0.804 and FSDP 0.794, the stacks the labs compare; Megatron-LM 2022's 0.836 is left
+# out; Hopper: Megatron-Core 0.731 and FSDP 0.642, midway); Volta and Blackwell have no
+# calibration run and take their neighbour's.
 def _profile_from_fields(values: dict) -> SoftwareProfile:
     return SoftwareProfile(**values)
 
@@ -136,6 +137,10 @@ def _profile_from_fields(values: dict) -> SoftwareProfile:
 # (``zero3_host_s_per_rank``): fitted on the 175B runs of Narayanan et al. 2021 Table 2
 # (``python benchmarks/step.py --fit``); the 529.6B runs are held out.
 ZERO3_HOST_S_PER_RANK_2021 = 25e-6
+
+# Sustained fraction of Megatron-LM 2022 on A100 (``python benchmarks/step.py --fit``, on
+# Korthikanti et al. 2022's 22B and 175B runs).
+MEGATRON_LM_2022_AMPERE = 0.836
 
 GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
                                       "blackwell": 0.69})
@@ -154,6 +159,19 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         source="Megatron-LM examples/sc21/run_table_1.sh; Narayanan et al. 2021 sec. 5; "
         "megatron/p2p_communication.py of May 2021 (blocking sends)",
         calibration="Narayanan et al. 2021 Table 1 (10 runs)"),
+    SoftwareProfile(
+        "megatron-lm-2022", "Megatron-LM of Korthikanti et al. 2022: Megatron-LM 2021's "
+        "schedule and communication (blocking TP collectives and pipeline sends, standard "
+        "attention), one year of kernel and framework work later, with sequence parallelism "
+        "and selective recomputation",
+        MappingProxyType({"ampere": MEGATRON_LM_2022_AMPERE}), overlap_grad_reduce=False,
+        attention="standard", blocking_p2p=True,
+        source="Korthikanti et al. 2022 (arXiv:2205.05198) sec. 6 and Table 5 (Selene, "
+        "the 2021 paper's cluster); the same 1T and 530B pipelines, with full recomputation, "
+        "took 94.4 s and 49.1 s there against 103 s and 54.1 s per step in Narayanan et al. "
+        "2021 Table 1",
+        calibration="Korthikanti et al. 2022 Table 5, 22B and 175B, full and selective "
+        "recomputation (4 runs; the 530B and 1T runs are held out)"),
     SoftwareProfile(
         "megatron-core-te", "NeMo / Megatron-Core with Transformer Engine: TP communication "
         "overlapped with GEMMs, distributed optimizer with overlapped gradient reduce-scatter "

@@ -442,8 +442,8 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
-    assert statistics.median(cal) <= 0.02 and max(cal) <= 0.11
-    assert statistics.median(held) <= 0.06 and max(held) <= 0.22
+    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.11
+    assert statistics.median(held) <= 0.05 and max(held) <= 0.22
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 20 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
