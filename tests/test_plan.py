@@ -16,6 +16,20 @@ def test_profile_defaults_fill_what_the_plan_leaves_open():
     assert Plan(software="deepspeed-zero3-2021").zero3_prefetch == 0
 
 
+def test_megatron_lm_2022_is_2021_with_its_own_sustained_fraction():
+    """Korthikanti et al. 2022 ran the same schedule and communication a year later on the
+    same cluster (docs/step.md section 3): only the fitted fraction and the texts differ, and
+    the newer code is the faster one."""
+    from dataclasses import fields
+
+    from labsim.software import PROFILES
+
+    old, new = PROFILES["megatron-lm-2021"], PROFILES["megatron-lm-2022"]
+    differ = {f.name for f in fields(old) if getattr(old, f.name) != getattr(new, f.name)}
+    assert differ == {"name", "description", "sustained", "source", "calibration"}
+    assert new.sustained["ampere"] > old.sustained["ampere"]
+
+
 def test_the_generic_profile_sits_between_the_calibrated_ones():
     from labsim.software import PROFILES
 
