@@ -77,7 +77,8 @@ class Plan:
         backward (PyTorch DDP); False: after the last backward (Megatron's local DDP of 2021).
     bucket_bytes: gradient bucket size (PyTorch DDP ``bucket_cap_mb=25``).
     tp_comm_overlap: run tensor-parallel collectives under the GEMMs (Megatron-Core with
-        Transformer Engine); False: blocking, as Megatron-LM 2021.
+        Transformer Engine); False: blocking, as Megatron-LM 2021.  Only inside a node: a TP
+        group that spans nodes communicates blocking either way (``StepCosts.tp_hidden``).
     zero3_prefetch: ZeRO-3 layers whose all-gather runs ahead of the one computing.
     attention: ``"flash"`` (fused kernel; no s x s tensor in HBM) or ``"standard"``.
     optimizer: ``"adam"``, ``"sgd"`` or ``"sgd-momentum"``.

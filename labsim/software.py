@@ -14,7 +14,7 @@ Fields:
   unfused element-wise work; by GPU generation ("ampere", "hopper");
 * ``tp_comm_overlap`` / ``tp_overlap_hidden`` -- whether tensor-parallel collectives run under
   the GEMMs (Transformer Engine's userbuffers, ``ub_tp_comm_overlap``) and what fraction of
-  their time then hides;
+  their time then hides, for a TP group inside one node (``StepCosts.tp_hidden``);
 * ``overlap_grad_reduce`` / ``overlap_param_gather`` / ``bucket_bytes`` -- data-parallel
   gradient reduction during backward, the distributed optimizer's parameter all-gather under
   the next forward, the bucket size;

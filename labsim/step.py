@@ -93,6 +93,18 @@ class StepCosts:
     def stages(self) -> int:
         return self.plan.pp
 
+    @property
+    def tp_hidden(self) -> float:
+        """Share of the TP collectives that runs under the GEMMs: the profile's with
+        ``tp_comm_overlap``, and none when the TP group leaves a node.  Transformer Engine's
+        userbuffers are CUDA multicast / IPC buffers inside one NVLink domain
+        (``transformer_engine/pytorch/module/base.py`` ``initialize_ub``: NVLink domains by
+        host name), so a TP group across nodes communicates without that overlap."""
+        plan = self.plan
+        if not plan.tp_comm_overlap or plan.tp > self.cluster.gpus_per_node:
+            return 0.0
+        return self.software.tp_overlap_hidden
+
     @cached_property
     def flops(self) -> tuple[float, float]:
         """(model FLOPs, hardware FLOPs) of the whole step on all GPUs."""
@@ -470,7 +482,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
         return result_from(c, max(run.ends), run.busy, run.compute_end, mem, None)
     n_chunks = p * v
-    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    h = c.tp_hidden
     blocking = c.software.blocking_p2p
     if c.zero3_gather is not None:
         step = _zero3_estimate(c, h) + c.optimizer_s[0]

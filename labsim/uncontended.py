@@ -71,7 +71,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
     zero2 = plan.zero_stage == 2
-    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    h = c.tp_hidden
     blocking = c.software.blocking_p2p
     spans: list[tuple] = []
     record = spans.append
@@ -240,7 +240,7 @@ def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
     op loop's, so the intervals are bit for bit those it would have recorded."""
     plan = c.plan
     p = plan.pp
-    h = c.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+    h = c.tp_hidden
     starts: dict[int, list] = {x: [np.array([a for a, _ in lst])] for x, lst in moving.items()}
     stops: dict[int, list] = {x: [np.array([b for _, b in lst])] for x, lst in moving.items()}
 

@@ -70,11 +70,9 @@ def test_megatron_core_recipes_pick_nvidias_layout(run_id: str) -> None:
 
 
 @pytest.mark.slow
-def test_nemotron_340b_ranks_close_behind_a_cross_node_tp16_plan() -> None:
-    """NVIDIA ran TP8 PP8 v12 on 128 H100; with the recipe's bf16 optimizer states it fits
-    (62 GB, docs/step.md), and it ranks within 3 % of the planner's best, which crosses nodes
-    with TP 16 (docs/plan.md: the model lets Transformer Engine's overlap hide TP traffic on
-    the fabric as on NVLink)."""
+def test_nemotron_340b_fits_and_is_the_planners_best() -> None:
+    """NVIDIA ran TP8 PP8 v12 on 128 H100.  With the recipe's bf16 optimizer states it fits
+    (62 GB, docs/step.md); with TP overlap only inside a node (Transformer Engine's
+    userbuffers), no cross-node TP 16 plan beats it."""
     check = check_layout(RUNS["dgxc2411_nemotron4_340b_bf16_128gpu"], workers=1, confirm=1)
-    assert check.rank is not None and 0 < check.slowdown() < 0.03
-    assert check.search.best.plan.tp == 16
+    assert check.agrees, (check.published, check.best)

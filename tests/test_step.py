@@ -458,6 +458,23 @@ def test_runs_that_trained_fit_in_memory():
     assert misses == []
 
 
+@pytest.mark.parametrize("face", [simulate_step, estimate_step])
+def test_tp_overlap_hides_nothing_once_the_tp_group_leaves_the_node(face):
+    """Transformer Engine's userbuffers live in one NVLink domain: TP 8 on a DGX node hides
+    its collectives under the GEMMs, TP 16 over two nodes cannot."""
+    model = labsim.Transformer.preset("llama2-7b")
+    cluster = labsim.dgx_h100(2)
+
+    def step(tp: int, overlap: bool) -> float:
+        plan = Plan(dp=16 // tp, tp=tp, micro_batch=4, global_batch=64 // tp,
+                    sequence_parallel=True, software="megatron-core-te",
+                    tp_comm_overlap=overlap)
+        return face(model, cluster, plan).step_time_s
+
+    assert step(8, True) < step(8, False)
+    assert step(16, True) == step(16, False)
+
+
 def test_results_and_profiles_pickle_by_value_for_worker_processes():
     import pickle
 

@@ -95,7 +95,7 @@ class _Engine:
         self.compute_end = 0.0
         self.arrivals: dict[tuple, simpy.Event] = {}
         self.stream_tail: list[simpy.Event | None] = [None] * plan.pp
-        self.hidden = costs.software.tp_overlap_hidden if plan.tp_comm_overlap else 0.0
+        self.hidden = costs.tp_hidden
 
     def run(self, fast: bool = True) -> list[float]:
         env, p = self.env, self.plan.pp
