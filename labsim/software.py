@@ -162,8 +162,8 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
     SoftwareProfile(
         "megatron-lm-2022", "Megatron-LM of Korthikanti et al. 2022: Megatron-LM 2021's "
         "schedule and communication (blocking TP collectives and pipeline sends, standard "
-        "attention), one year of kernel and framework work later, with sequence parallelism "
-        "and selective recomputation",
+        "attention) in the paper's own later code, measured a year later on the same cluster, "
+        "with sequence parallelism and selective recomputation",
         MappingProxyType({"ampere": MEGATRON_LM_2022_AMPERE}), overlap_grad_reduce=False,
         attention="standard", blocking_p2p=True,
         source="Korthikanti et al. 2022 (arXiv:2205.05198) sec. 6 and Table 5 (Selene, "
