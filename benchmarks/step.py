@@ -1,7 +1,7 @@
 """The training-step model against published runs, and how fast it runs.
 
     python benchmarks/step.py              # calibration and held-out tables
-    python benchmarks/step.py --fit        # refit every profile's sustained fraction
+    python benchmarks/step.py --fit        # refit every profile's fitted value
     python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep

@@ -86,6 +86,12 @@ def test_tp_overlap_and_tp_cap_are_searched() -> None:
     assert max(s["tp"] for s in specs) == 8
     assert {s["tp_comm_overlap"] for s in specs if s["tp"] > 1} == {False, True}
     assert {s["tp_comm_overlap"] for s in specs if s["tp"] == 1} == {False}
+    # across nodes the overlap hides nothing (StepCosts.tp_hidden): not searched unless asked
+    wide = list(candidate_plans(GPT2, labsim.dgx_a100(2), 32, software="megatron-core-te"))
+    assert {s["tp_comm_overlap"] for s in wide if s["tp"] == 16} == {False}
+    asked = list(candidate_plans(GPT2, labsim.dgx_a100(2), 32, tp_comm_overlap=(True,),
+                                 software="megatron-core-te"))
+    assert {s["tp_comm_overlap"] for s in asked if s["tp"] == 16} == {True}
 
 
 class _InOrder:

@@ -147,7 +147,11 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
     Sequence parallelism and TP overlap are varied only where tp > 1; TP overlap by default
     only where the software profile can hide TP communication (``tp_overlap_hidden`` > 0:
-    Megatron-Core with Transformer Engine); ``tp_max`` caps tp (e.g. at a node's GPUs)."""
+    Megatron-Core with Transformer Engine) and the TP group stays inside a node (beyond, the
+    overlap hides nothing: ``StepCosts.tp_hidden``); ``tp_max`` caps tp (e.g. at a node's
+    GPUs)."""
+    # the widest TP group whose overlap the search varies (asked for explicitly: every one)
+    overlap_tp_max = cluster.gpus_per_node if tp_comm_overlap is None else cluster.world_size
     if tp_comm_overlap is None:
         hides = profile(fixed.get("software", "generic")).tp_overlap_hidden > 0
         tp_comm_overlap = (False, True) if hides else (False,)
@@ -159,7 +163,7 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
             dp = gpus // (tp * pp)
             virtual = [1] + [v for v in range(2, max_virtual_stages + 1) if pp > 1]
             sps = sequence_parallel if tp > 1 else (False,)
-            overlaps = tp_comm_overlap if tp > 1 else (False,)
+            overlaps = tp_comm_overlap if 1 < tp <= overlap_tp_max else (False,)
             for v in virtual:
                 for mb in micro_batches:
                     for zero in zero_stages:
