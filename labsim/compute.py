@@ -11,13 +11,21 @@ micro-batch of ``b`` sequences of ``s`` tokens:
   al. 2023, ``systems/a100_80g.json``: efficiency vs GEMM GFLOP).  Backward runs two GEMMs of
   the same size per forward GEMM (data gradient and weight gradient).
 * **Attention core** (``softmax(QK^T) V``): with ``attention="flash"`` one fused kernel at a
-  published fraction of peak (causal: half the score blocks are skipped); with ``"standard"``
-  two batched GEMMs plus memory-bound softmax and dropout over the ``s x s`` scores, as
-  Megatron-LM ran in 2021 (fused scale-mask-softmax kernel).
+  published fraction of peak (causal: half the score blocks are skipped), of the kernel the
+  software runs (``FLASH_KERNELS``: Dao's CUDA kernels, or the Triton kernel of 2022 that
+  MosaicML's llm-foundry ran); with ``"standard"`` two batched GEMMs plus memory-bound
+  softmax and dropout over the ``s x s`` scores, as Megatron-LM ran in 2021 (fused
+  scale-mask-softmax kernel).
 * **Memory-bound kernels** (layer norms, bias + dropout + residual, GeLU/SwiGLU, softmax,
   cross-entropy, the optimizer) take bytes moved / (HBM bandwidth * efficiency).
 
 One set of constants per GPU type (``EFFICIENCY``), never per run; each carries its source.
+
+A collective that runs beside compute on the same GPU slows that compute
+(``overlap_extra_s``): NCCL's kernels hold SMs (one thread block per channel) and HBM
+bandwidth while the GEMMs run.  Lee et al. 2025 (arXiv:2507.03114) measured the slowdown of
+overlapped compute on A100, H100, MI250 and MI210 nodes running GPT and LLaMA layers: 18.9 %
+on average, 40 % at most (``Efficiency.overlap_slowdown``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,16 @@ GEMM_SHAPE: tuple[tuple[float, float], ...] = ((128.0, 1.0), (16.0, 0.947), (1.0
 # Achieved fraction of HBM bandwidth by transfer size in MB (Calculon, same files, "mem1").
 MEMORY_SHAPE: tuple[tuple[float, float], ...] = ((100.0, 0.90), (10.0, 0.75), (1.0, 0.60),
                                                  (0.01, 0.30))
+# FlashAttention implementations a software profile can run: "cuda" (Dao's CUDA kernels, the
+# GPU's best: FlashAttention-2 on Ampere, FlashAttention-3 on Hopper) or "triton-2022" (Dao's
+# Triton kernel of 2022, flash_attn_triton.py, on triton 2.0.0.dev20221202; MosaicML's
+# llm-foundry ran a copy of it for attn_impl "triton", its benchmarks' default).
+FLASH_KERNELS = ("cuda", "triton-2022")
+# Overlapped compute runs this much longer than alone while a collective runs beside it on the
+# same GPU: the average over A100, H100, MI250 and MI210 of Lee et al. 2025, "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv:2507.03114:
+# 18.9 % on average, 40 % at most).  Measured, not fitted.
+OVERLAP_SLOWDOWN = 0.189
 
 
 @dataclass(frozen=True)
@@ -48,7 +66,10 @@ class Efficiency:
     """Achievable fractions of a GPU's datasheet peaks (one set per GPU type).
 
     gemm_plateau: best large-GEMM throughput / dense peak (bf16/fp16), measured in isolation.
-    flash_forward, flash_backward: FlashAttention kernel throughput / dense peak.
+    flash_forward, flash_backward: FlashAttention kernel throughput / dense peak (the
+        ``"cuda"`` kernel).
+    triton_flash: the ``"triton-2022"`` kernel's forward + backward throughput / dense peak
+        by sequence length (causal, head dim 128), as (sequence length, fraction) points.
     sustained: fraction of those isolated-kernel rates that a GPU sustains inside a training
         step (gaps between kernels, launch and synchronisation latency, clocks under the
         power draw of compute + HBM + NVLink + NICs together, allocator and framework work).
@@ -61,10 +82,22 @@ class Efficiency:
     flash_backward: float
     sustained: float
     source: str
+    triton_flash: tuple[tuple[float, float], ...] = ()
+    overlap_slowdown: float = OVERLAP_SLOWDOWN
 
     def gemm(self, flops: float) -> float:
         """Fraction of dense peak a GEMM of ``flops`` FLOP achieves."""
         return self.gemm_plateau * _curve(GEMM_SHAPE, flops / 1e9)
+
+    def flash(self, kernel: str, seq_len: int) -> tuple[float, float]:
+        """(forward, backward) fraction of dense peak of FlashAttention ``kernel``
+        (``FLASH_KERNELS``) at ``seq_len`` tokens."""
+        if kernel not in FLASH_KERNELS:
+            raise ValueError(f"flash kernel {kernel!r}: choose one of {FLASH_KERNELS}")
+        if kernel == "cuda" or not self.triton_flash:
+            return self.flash_forward, self.flash_backward
+        both = _curve(self.triton_flash, seq_len)
+        return both, both
 
 
 _MAMF = ("maximum achievable matmul FLOPS measured by brute-force shape search, S. Bekman, "
@@ -75,18 +108,41 @@ SUSTAINED_A100 = 0.80  # fitted: Narayanan et al. 2021, Table 1 (tests/test_step
 # tokens/s ratios are 2.12-2.34, the model with equal sustained fractions gives 2.71-2.87:
 # H100 sustains 0.80 (0.76-0.83) of A100's fraction (tests/test_step.py prints the pairs).
 SUSTAINED_H100 = SUSTAINED_A100 * 0.80
+# Forward + backward TFLOP/s of causal attention, head dim 128, by sequence length, read from
+# Dao 2023 (FlashAttention-2, arXiv:2307.08691) Fig. 4d (A100 80GB SXM4, the Triton kernel)
+# and Fig. 7 (H100 80GB SXM5, FlashAttention-2), as the flash-attention repository ships them
+# (assets/flash2_a100_fwd_bwd_benchmark.png, assets/flash2_h100_fwd_bwd_benchmark.png).
+_TRITON_A100_TFLOPS = ((16384, 80.0), (8192, 78.0), (4096, 74.0), (2048, 68.0), (1024, 61.0),
+                       (512, 50.0))
+_FA2_H100_TFLOPS = ((16384, 328.0), (8192, 308.0), (4096, 294.0), (2048, 265.0),
+                    (1024, 221.0), (512, 163.0))
+
+
+def _fraction(points: tuple[tuple[float, float], ...], peak_tflops: float
+              ) -> tuple[tuple[float, float], ...]:
+    return tuple((n, tflops / peak_tflops) for n, tflops in points)
+
+
 _A100 = Efficiency(
     0.859, 0.70, 0.55, SUSTAINED_A100,
     f"GEMM plateau 267.9 / 312 TFLOP/s, {_MAMF}; FlashAttention-2 on A100, head dim 128: "
-    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6); sustained fraction fitted "
-    "once to the ten runs of Narayanan et al. 2021, Table 1 (1.7B-1T GPT on 32-3072 A100)",
+    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6); the Triton kernel of 2022: "
+    "50-80 TFLOP/s forward + backward at 512-16k tokens (Dao 2023, Fig. 4d); sustained "
+    "fraction fitted once to the ten runs of Narayanan et al. 2021, Table 1 (1.7B-1T GPT on "
+    "32-3072 A100); overlap slowdown 18.9 % (Lee et al. 2025)",
+    triton_flash=_fraction(_TRITON_A100_TFLOPS, 312.0),
 )
 _H100 = Efficiency(
     0.801, 0.65, 0.45, SUSTAINED_H100,
     f"GEMM plateau 792.1 / 989 TFLOP/s, {_MAMF}; FlashAttention-3 on H100 SXM, head dim "
     "128, seq 2k: forward ~650, backward ~450 TFLOP/s (Shah et al. 2024, Fig. 5-6); "
     "sustained fraction = A100's x 0.80, the H100/A100 speed ratio measured on identical "
-    "software (MosaicML llm-foundry benchmarks, 7 paired runs) over the modelled one",
+    "software (MosaicML llm-foundry benchmarks, 7 paired runs) over the modelled one; the "
+    "Triton kernel of 2022 has no published H100 measurement: FlashAttention-2's H100 curve "
+    "(Dao 2023, Fig. 7), the fastest kernel on the Ampere instructions both use, chosen on "
+    "the calibration runs over FlashAttention-1's (docs/step.md); overlap slowdown 18.9 % "
+    "(Lee et al. 2025)",
+    triton_flash=_fraction(_FA2_H100_TFLOPS, 989.0),
 )
 _GENERIC = Efficiency(
     0.80, 0.55, 0.45, SUSTAINED_A100,
@@ -116,6 +172,17 @@ def _curve(points: tuple[tuple[float, float], ...], x: float) -> float:
             w = (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo))
             return y_lo + w * (y_hi - y_lo)
     return points[-1][1]
+
+
+def overlap_extra_s(compute_s: float, comm_s: float, gpu: GPU) -> float:
+    """Seconds a collective of ``comm_s`` adds to ``compute_s`` of compute it runs beside on
+    ``gpu``: compute during the overlap runs ``overlap_slowdown`` longer (Lee et al. 2025),
+    so a collective inside the compute adds ``comm_s * k / (1 + k)`` and compute inside a
+    longer collective ``compute_s * k``."""
+    k = efficiency(gpu).overlap_slowdown
+    if compute_s <= 0 or comm_s <= 0:
+        return 0.0
+    return min(comm_s * k / (1 + k), compute_s * k)
 
 
 def memory_time(nbytes: float, gpu: GPU, sustained: float | None = None) -> float:
@@ -177,12 +244,13 @@ class LayerCost:
 def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
                attention: str = "flash", precision: str | Precision = "bf16",
-               sustained: float | None = None) -> LayerCost:
+               sustained: float | None = None, flash_kernel: str = "cuda") -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
     name of ``labsim.precision.PRECISIONS``: its compute dtype sets bytes and peak).
-    ``sustained``: the software profile's sustained fraction (default: the GPU's)."""
+    ``sustained``: the software profile's sustained fraction (default: the GPU's);
+    ``flash_kernel``: the FlashAttention implementation it runs (``FLASH_KERNELS``)."""
     h, s = model.hidden, model.seq_len
     su = sustained
     prec = training_precision(precision)
@@ -209,9 +277,10 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     if attention == "flash":
         eff = efficiency(gpu)
         peak = gpu.peak(gemm_dtype) * (eff.sustained if su is None else su)
+        frac_f, frac_b = eff.flash(flash_kernel, s)
         # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
-        core_f = PassCost(0.5 * attn_flops / (peak * eff.flash_forward), attn_flops)
-        core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * eff.flash_backward),
+        core_f = PassCost(0.5 * attn_flops / (peak * frac_f), attn_flops)
+        core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * frac_b),
                           2.0 * attn_flops)  # FA2 backward: 5 GEMMs vs 2 forward
     else:
         scores = qk.batch * s * s  # elements of the score matrices on this GPU

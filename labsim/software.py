@@ -50,7 +50,10 @@ Fields:
 * ``blocking_p2p`` -- a stage waits for its pipeline send to complete before its next op
   (Megatron-LM 2021: ``batch_isend_irecv``, ``req.wait()`` and ``torch.cuda.synchronize()``
   in ``p2p_communication.py``; Megatron-Core overlaps them since 2023);
-* ``attention`` -- the attention kernel the framework uses by default.
+* ``attention`` -- the attention kernel the framework uses by default;
+* ``flash_kernel`` -- which FlashAttention implementation runs when attention is flash
+  (``labsim.compute.FLASH_KERNELS``): Dao's CUDA kernels, or the Triton kernel of 2022 that
+  llm-foundry's ``attn_impl: triton`` (its benchmarks' default) ran.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+from labsim.compute import FLASH_KERNELS
 from labsim.hardware import GPU
 
 ZERO3_UNITS = ("layer", "tensor")
@@ -88,6 +92,7 @@ class SoftwareProfile:
     zero3_reuse_distance: float = 0.0
     blocking_p2p: bool = False
     attention: str = "flash"
+    flash_kernel: str = "cuda"
     fitted: str = "sustained"
     source: str = ""
     calibration: str = ""
@@ -104,6 +109,9 @@ class SoftwareProfile:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        if self.flash_kernel not in FLASH_KERNELS:
+            raise ValueError(f"flash_kernel={self.flash_kernel!r}: choose one of "
+                             f"{FLASH_KERNELS}")
         if self.fitted not in FITTED:
             raise ValueError(f"fitted={self.fitted!r}: choose one of {FITTED}")
         for key, value in self.sustained.items():
@@ -125,10 +133,6 @@ class SoftwareProfile:
         return self.sustained.get(gpu.arch, GENERIC_SUSTAINED.get(gpu.arch, 0.8))
 
 
-# No framework in particular: the calibrated profiles' values, rounded (Ampere: Megatron-LM
-# 2021 0.804 and FSDP 0.794, the stacks the labs compare; Megatron-LM 2022's 0.836 is left
-# out; Hopper: Megatron-Core 0.731 and FSDP 0.642, midway); Volta and Blackwell have no
-# calibration run and take their neighbour's.
 def _profile_from_fields(values: dict) -> SoftwareProfile:
     return SoftwareProfile(**values)
 
@@ -142,8 +146,12 @@ ZERO3_HOST_S_PER_RANK_2021 = 25e-6
 # Korthikanti et al. 2022's 22B and 175B runs).
 MEGATRON_LM_2022_AMPERE = 0.836
 
-GENERIC_SUSTAINED = MappingProxyType({"volta": 0.80, "ampere": 0.80, "hopper": 0.69,
-                                      "blackwell": 0.69})
+# No framework in particular: the mean of the calibrated profiles' fitted fractions on each
+# generation, to two places (Ampere: Megatron-LM 2021 0.804, Megatron-LM 2022 0.836, FSDP
+# 0.895; Hopper: Megatron-Core 0.746, FSDP 0.715); Volta and Blackwell have no calibration run
+# and take their neighbour's.
+GENERIC_SUSTAINED = MappingProxyType({"volta": 0.84, "ampere": 0.84, "hopper": 0.73,
+                                      "blackwell": 0.73})
 
 _PROFILES: tuple[SoftwareProfile, ...] = (
     SoftwareProfile(
@@ -176,7 +184,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "megatron-core-te", "NeMo / Megatron-Core with Transformer Engine: TP communication "
         "overlapped with GEMMs, distributed optimizer with overlapped gradient reduce-scatter "
         "and parameter all-gather, FlashAttention (cuDNN)",
-        MappingProxyType({"hopper": 0.731}), tp_comm_overlap=True, tp_overlap_hidden=0.8,
+        MappingProxyType({"hopper": 0.746}), tp_comm_overlap=True, tp_overlap_hidden=0.8,
         overlap_grad_reduce=True, overlap_param_gather=True, bucket_bytes=40e6,
         source="NVIDIA dgxc-benchmarking 24.11 recipes (ub_tp_comm_overlap, overlap_grad_sync, "
         "overlap_param_sync: true); Megatron-Core DDP default bucket 40M elements",
@@ -206,10 +214,13 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
     SoftwareProfile(
         "fsdp", "PyTorch FSDP (FULL_SHARD) as in MosaicML llm-foundry / Composer: one unit per "
         "transformer block, backward prefetch, gradients reduce-scattered per unit, "
-        "FlashAttention",
-        MappingProxyType({"ampere": 0.794, "hopper": 0.642}),
+        "FlashAttention (llm-foundry's Triton kernel of 2022)",
+        MappingProxyType({"ampere": 0.895, "hopper": 0.715}), flash_kernel="triton-2022",
         source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
-        "llm-foundry benchmarking README",
+        "llm-foundry benchmarking README; scripts/train/benchmarking/submit_benchmarks.py "
+        "(--attn_impl default 'triton', which sweep.sh never changes) and "
+        "llmfoundry/models/layers/attention.py (attn_impl triton: flash_attn_triton.py on "
+        "triton-pre-mlir)",
         calibration="llm-foundry 8-GPU A100-80GB and H100 runs (5 runs)"),
 )
 PROFILES: Mapping[str, SoftwareProfile] = MappingProxyType({p.name: p for p in _PROFILES})

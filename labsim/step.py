@@ -3,7 +3,8 @@
 ``step_costs(model, cluster, plan)`` prices one step once, for both faces:
 
 * **compute** per model chunk (``labsim.compute``: GEMMs, attention, memory-bound kernels, at
-  the software profile's sustained fraction), forward, backward and recompute;
+  the software profile's sustained fraction), forward, backward and recompute, each longer by
+  what the collectives that run beside it cost it (``contended_chunks``);
 * **communication**, each a ``Placed`` collective: NCCL's choice and cost
   (``labsim.collectives.nccl``) of the tensor-parallel collectives of a layer, the pipeline
   sends between stages, the data-parallel gradient buckets, ZeRO-1/2's parameter all-gather,
@@ -26,7 +27,7 @@ fastest, then data-parallel, then pipeline.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -100,10 +101,7 @@ class StepCosts:
         userbuffers are CUDA multicast / IPC buffers inside one NVLink domain
         (``transformer_engine/pytorch/module/base.py`` ``initialize_ub``: NVLink domains by
         host name), so a TP group across nodes communicates without that overlap."""
-        plan = self.plan
-        if not plan.tp_comm_overlap or plan.tp > self.cluster.gpus_per_node:
-            return 0.0
-        return self.software.tp_overlap_hidden
+        return _tp_hidden(self.plan, self.cluster, self.software)
 
     @cached_property
     def flops(self) -> tuple[float, float]:
@@ -112,6 +110,12 @@ class StepCosts:
         scale = p.dp * p.microbatches * p.tp
         return (scale * sum(c.flops_model for c in self.chunks),
                 scale * sum(c.flops_hw for c in self.chunks))
+
+
+def _tp_hidden(plan: Plan, cluster: Cluster, soft: SoftwareProfile) -> float:
+    if not plan.tp_comm_overlap or plan.tp > cluster.gpus_per_node:
+        return 0.0
+    return soft.tp_overlap_hidden
 
 
 def _check(model: object, cluster: object, plan: object) -> None:
@@ -183,9 +187,59 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         overhead = (_gather_overhead_s(soft, plan.dp, layer * w / units, gpu, su),
                     _gather_overhead_s(soft, plan.dp, extra * w, gpu, su))
         counts = zero3_gathers(model, plan, soft)
+    chunks = contended_chunks(chunks, plan, cluster, soft, buckets, gathers,
+                              (z_gather, z_reduce, units, counts))
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
                      tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
                      z_extra, overhead, counts)
+
+
+def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
+                     soft: SoftwareProfile, buckets: list, gathers: list,
+                     zero3: tuple) -> list[ChunkCost]:
+    """``chunks`` with each one's forward and backward longer by the collectives that run
+    beside them on the same GPU (``labsim.compute.overlap_extra_s``: overlapped compute runs
+    18.9 % slower, Lee et al. 2025): the hidden share of the tensor-parallel collectives
+    (TP overlap), the gradient buckets reduced during backward (every micro-batch with
+    ZeRO-2; once a step otherwise, spread over the step's micro-batches), ZeRO-1/2's
+    parameter all-gather under the next forwards, and ZeRO-3's prefetched all-gathers and
+    reduce-scatters, layer by layer.  Collectives that the software runs between compute
+    (blocking ones, ZeRO-3 without prefetch) cost nothing here: they are on the step's
+    critical path instead."""
+    gpu, m, p = cluster.gpu, plan.microbatches, plan.pp
+    h = _tp_hidden(plan, cluster, soft)
+    z_gather, z_reduce, units, (gathers_f, gathers_b) = zero3
+    out = []
+    for g, ch in enumerate(chunks):
+        fwd, bwd = ch.t_fwd, ch.t_bwd + ch.t_rec
+        extra_f = extra_b = 0.0
+        if ch.tp is not None and h:
+            extra_f += compute.overlap_extra_s(fwd, h * ch.tp.alone_s * ch.tp_fwd, gpu)
+            extra_b += compute.overlap_extra_s(bwd, h * ch.tp.alone_s * ch.tp_bwd, gpu)
+        bucket, n = buckets[g]
+        if bucket is not None and plan.overlap_grad_reduce:
+            if plan.zero_stage == 2:
+                extra_b += compute.overlap_extra_s(bwd, n * bucket.alone_s, gpu)
+            else:  # during the last micro-batch's backward
+                extra_b += compute.overlap_extra_s(bwd, n * bucket.alone_s, gpu) / m
+        gather = gathers[g % p]
+        if gather is not None and soft.overlap_param_gather:
+            stage = chunks[g % p::p]
+            share = ch.params / sum(c.params for c in stage)
+            extra_f += compute.overlap_extra_s(m * sum(c.t_fwd for c in stage),
+                                               share * gather.alone_s, gpu) * share / m
+        if z_gather is not None and plan.zero3_prefetch > 0:
+            layers = ch.layers
+            per_f = (ch.t_fwd - ch.head_fwd) / layers
+            per_b = (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers
+            reduce_s = units * z_reduce.alone_s
+            extra_f += sum(compute.overlap_extra_s(per_f, k * z_gather.alone_s, gpu)
+                           for k in gathers_f)
+            extra_b += sum(compute.overlap_extra_s(per_b, k * z_gather.alone_s + reduce_s, gpu)
+                           for k in gathers_b)
+        out.append(replace(ch, t_fwd=ch.t_fwd + extra_f, t_bwd=ch.t_bwd + extra_b)
+                   if extra_f or extra_b else ch)
+    return out
 
 
 def zero3_gathers(model: Transformer, plan: Plan,
@@ -235,7 +289,8 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             net: FoldedNetwork, tp_group: Group) -> list[ChunkCost]:
     lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-                            attention=plan.attention, precision=plan.numerics, sustained=su)
+                            attention=plan.attention, precision=plan.numerics, sustained=su,
+                            flash_kernel=profile(plan.software).flash_kernel)
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages

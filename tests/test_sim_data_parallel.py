@@ -49,11 +49,12 @@ def test_flat_cluster_puts_network_linked_gpus_in_one_gpu_nodes() -> None:
 
 def test_one_large_nvlink_domain_scales_without_a_dip() -> None:
     # NCCL's tuner picks Tree (a chain inside the node) for mid sizes at 128 ranks; its fill
-    # is per tree level, so the chain's length does not make 128 GPUs slower than 256
+    # is per tree level, so the chain's length does not make 128 GPUs slower than 256; what is
+    # lost is the all-reduce slowing the backward it overlaps (Lee et al. 2025)
     rows = dp_scaling(GPT, [flat_cluster("A100-80GB", n, "nvlink3") for n in (64, 128, 256)],
                       micro_batch=4)
     eff = [r["efficiency"] for r in rows]
-    assert eff == sorted(eff, reverse=True) and eff[-1] > 0.95
+    assert eff == sorted(eff, reverse=True) and eff[-1] > 0.9
 
 
 def test_zero_paper_worked_example() -> None:

@@ -153,6 +153,85 @@ def test_gradient_overlap_and_accumulation():
     assert acc.step_time_s < 4 * on.step_time_s
 
 
+def _uncontended(model, cluster, plan):
+    """The chunks' compute before ``contended_chunks`` charged any overlap."""
+    from labsim import compute
+
+    c = step_costs(model, cluster, plan)
+    lc = compute.layer_cost(model, plan.micro_batch, cluster.gpu, tp=plan.tp,
+                            sequence_parallel=plan.sequence_parallel,
+                            recompute=plan.recompute, attention=c.plan.attention,
+                            precision=plan.numerics, sustained=c.sustained,
+                            flash_kernel=c.software.flash_kernel)
+    return c, lc
+
+
+def test_overlapped_collectives_slow_the_compute_beside_them_and_only_that():
+    """Lee et al. 2025: compute runs 18.9 % longer while a collective runs beside it."""
+    from labsim.compute import OVERLAP_SLOWDOWN, overlap_extra_s
+
+    g = labsim.gpu("A100-80GB")
+    k = OVERLAP_SLOWDOWN
+    assert overlap_extra_s(1.0, 0.0, g) == 0.0 and overlap_extra_s(0.0, 1.0, g) == 0.0
+    assert overlap_extra_s(1.0, 0.5, g) == pytest.approx(0.5 * k / (1 + k))
+    assert overlap_extra_s(0.5, 10.0, g) == pytest.approx(0.5 * k)
+    cluster, m = labsim.dgx_a100(2), 4
+    base = Plan(dp=16, micro_batch=2, global_batch=16 * 2 * m)
+    for overlap in (False, True):  # DP buckets: charged once a step, over its micro-batches
+        plan = replace(base, overlap_grad_reduce=overlap)
+        c, lc = _uncontended(SMALL, cluster, plan)
+        ch = c.chunks[0]
+        bwd = SMALL.layers * lc.backward.time_s + ch.head_bwd
+        bucket, n = c.buckets[0]
+        extra = overlap_extra_s(bwd, n * bucket.alone_s, cluster.gpu) / m if overlap else 0
+        assert ch.t_bwd == pytest.approx(bwd + extra, rel=1e-12)
+        assert ch.t_fwd == pytest.approx(SMALL.layers * lc.forward.time_s + ch.head_fwd)
+    for prefetch in (0, 1):  # ZeRO-3: only a gather that runs ahead overlaps the compute
+        plan = Plan(dp=16, micro_batch=2, global_batch=32, zero_stage=3,
+                    zero3_prefetch=prefetch)
+        c, lc = _uncontended(SMALL, cluster, plan)
+        plain = SMALL.layers * lc.forward.time_s + c.chunks[0].head_fwd
+        if prefetch:
+            gather = c.zero3_gather.alone_s
+            assert c.chunks[0].t_fwd == pytest.approx(
+                plain + SMALL.layers * overlap_extra_s(lc.forward.time_s, gather, g))
+        else:
+            assert c.chunks[0].t_fwd == pytest.approx(plain)
+
+
+@pytest.mark.parametrize("face", [simulate_step, estimate_step])
+def test_overlap_costs_compute_yet_never_more_than_waiting_for_the_bytes(face):
+    cluster = labsim.dgx_a100(4)
+    for zero in (0, 2):
+        base = Plan(dp=32, micro_batch=2, global_batch=256, zero_stage=zero)
+        on = face(SMALL, cluster, replace(base, overlap_grad_reduce=True)).step_time_s
+        off = face(SMALL, cluster, replace(base, overlap_grad_reduce=False)).step_time_s
+        assert on < off
+
+
+def test_llm_foundry_runs_the_triton_flash_kernel_of_2022():
+    """Dao 2023 Fig. 4d: the Triton kernel, causal, head dim 128, 68 TFLOP/s forward +
+    backward at 2k tokens on an A100, 2.3x under FlashAttention-2's 155."""
+    from labsim import compute
+
+    a100 = labsim.gpu("A100-80GB")
+    eff = compute.efficiency(a100)
+    assert eff.flash("triton-2022", 2048) == pytest.approx((68 / 312, 68 / 312))
+    assert eff.flash("triton-2022", 512) < eff.flash("triton-2022", 8192)
+    assert eff.flash("cuda", 2048) == (eff.flash_forward, eff.flash_backward)
+    with pytest.raises(ValueError, match="triton-2022"):
+        eff.flash("triton", 2048)
+    with pytest.raises(ValueError, match="flash_kernel"):
+        replace(PROFILES["fsdp"], flash_kernel="xformers")
+    assert PROFILES["fsdp"].flash_kernel == "triton-2022"
+    assert {p.flash_kernel for n, p in PROFILES.items() if n != "fsdp"} == {"cuda"}
+    model = labsim.Transformer.preset("llama2-7b")
+    cuda = compute.layer_cost(model, 4, a100, flash_kernel="cuda")
+    triton = compute.layer_cost(model, 4, a100, flash_kernel="triton-2022")
+    assert triton.forward.time_s > cuda.forward.time_s  # the same FLOPs, slower
+    assert triton.model_flops == cuda.model_flops
+
+
 def test_tensor_parallel_overlap_is_a_plan_option():
     c, m = labsim.dgx_h100(1), labsim.Transformer.preset("llama2-13b")
     blocking = simulate_step(m, c, Plan(tp=8, global_batch=1, tp_comm_overlap=False))
@@ -442,13 +521,13 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
-    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.11
-    assert statistics.median(held) <= 0.05 and max(held) <= 0.22
+    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.08
+    assert statistics.median(held) <= 0.043 and max(held) <= 0.22
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 20 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
             and r.plan_spec["software"] != "deepspeed-zero3-2021"]
-    assert max(rest) <= 0.20 and statistics.median(rest) <= 0.05
+    assert max(rest) <= 0.125 and statistics.median(rest) <= 0.04
 
 
 @pytest.mark.slow
