@@ -5,6 +5,7 @@
     python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
+    python benchmarks/step.py --sweep      # the fsdp profile on llm-foundry's whole sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
 GPU generation), the profile's one fitted value (``SoftwareProfile.fitted``: the sustained
@@ -29,7 +30,7 @@ import numpy as np
 import labsim
 from labsim import software
 from labsim.plan import Plan
-from labsim.published import runs
+from labsim.published import runs, sweep_runs
 from labsim.sim.step import simulate_step
 
 
@@ -204,11 +205,47 @@ def agreement(n: int) -> None:
               f"{a[int(0.95 * (len(a) - 1))]:.2%}, max {a[-1]:.2%}, within 2 %: {within:.1%}")
 
 
+def _key(run) -> tuple:
+    return run.gpu, run.model.hidden, run.model.seq_len, run.gpus, run.plan.micro_batch
+
+
+def sweep_errors() -> list[tuple]:
+    """(run, error, in the calibration set) for every run of llm-foundry's sweep."""
+    fitted = {_key(r) for r in runs() if r.role == "calibration"}
+    return [(r, simulate_step(r.model, r.cluster, r.plan, memory=False).step_time_s
+             / r.measured_step_s() - 1, _key(r) in fitted) for r in sweep_runs()]
+
+
+def sweep(verbose: bool) -> None:
+    rows = sweep_errors()
+    if verbose:
+        for r, e, fitted in rows:
+            print(f"{r.id:<58} {r.plan.recompute:<5} {e:+7.1%}{' calibration' if fitted else ''}")
+
+    def line(name: str, errors: list[float]) -> None:
+        a = [abs(x) for x in errors]
+        print(f"{name:<34} {len(a):>4} {statistics.median(errors):>+8.1%} "
+              f"{statistics.median(a):>8.1%} {sum(x <= 0.1 for x in a) / len(a):>7.0%} "
+              f"{sum(x <= 0.2 for x in a) / len(a):>7.0%} {max(a):>7.1%}")
+
+    print(f"{'llm-foundry sweep, fsdp profiles':<34} {'runs':>4} {'median':>8} {'|median|':>8} "
+          f"{'<=10%':>7} {'<=20%':>7} {'max':>7}")
+    for gpu in ("A100-40GB", "A100-80GB", "H100-SXM"):
+        for rec in ("full", "none"):
+            errors = [e for r, e, _ in rows if r.gpu == gpu and r.plan.recompute == rec]
+            if errors:
+                line(f"{gpu}, recompute {rec}", errors)
+    line("all", [e for _, e, _ in rows])
+    line("all but the calibration runs", [e for _, e, fitted in rows if not fitted])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="--sweep: every run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--estimate-repeat", type=int, default=None,
                         help="--speed: best of this many for estimate_step (default --repeat)")
@@ -219,6 +256,8 @@ def main() -> None:
         speed(args.repeat, args.estimate_repeat or args.repeat)
     elif args.agreement:
         agreement(args.agreement)
+    elif args.sweep:
+        sweep(args.verbose)
     else:
         table()
 

@@ -244,13 +244,18 @@ class LayerCost:
 def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
                attention: str = "flash", precision: str | Precision = "bf16",
-               sustained: float | None = None, flash_kernel: str = "cuda") -> LayerCost:
+               sustained: float | None = None, flash_kernel: str = "cuda",
+               recompute_early_stop: bool = False) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
     name of ``labsim.precision.PRECISIONS``: its compute dtype sets bytes and peak).
     ``sustained``: the software profile's sustained fraction (default: the GPU's);
-    ``flash_kernel``: the FlashAttention implementation it runs (``FLASH_KERNELS``)."""
+    ``flash_kernel``: the FlashAttention implementation it runs (``FLASH_KERNELS``);
+    ``recompute_early_stop``: full recomputation stops before the layer's last GEMM, as
+    PyTorch's non-reentrant checkpoint does by default since 2.1 (``torch.utils.checkpoint``,
+    ``set_checkpoint_early_stop``): it stops once every tensor the backward saved is rebuilt,
+    and the last one, the MLP output projection's input, is saved before that GEMM runs."""
     h, s = model.hidden, model.seq_len
     su = sustained
     prec = training_precision(precision)
@@ -310,6 +315,11 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
 
     if recompute == "full":
         rec = fwd
+        if recompute_early_stop:  # the MLP output projection is not run again
+            last = gemms["mlp_down"]
+            rec = PassCost(fwd.time_s - gemm_time(last.m, last.n, last.k, gpu, gemm_dtype,
+                                                  bytes_per_element=e, sustained=su),
+                           fwd.flops - last.flops)
     elif recompute == "selective" and attention == "standard":
         rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
     else:  # FlashAttention already recomputes its scores inside the backward kernel

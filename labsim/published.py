@@ -9,7 +9,10 @@
 * ``runs()``: published training runs (``labsim/data/published_runs.json``): source, layout,
   batch, software stack, measured throughput; ``role`` ``"calibration"`` (a software
   profile's fitted value, ``SoftwareProfile.fitted``, is fitted to it) or ``"held-out"``
-  (never fitted to).
+  (never fitted to);
+* ``sweep_runs()``: MosaicML llm-foundry's whole benchmark sweep of MPT models under FSDP
+  (``labsim/data/llmfoundry_sweep.json``, 125M-70B, 512-65k tokens, 8-512 GPUs, A100 and
+  H100), role ``"sweep"``: a validation set of the ``fsdp`` profile over the whole range.
 
 Every number in the data files was copied from the source named beside it.
 """
@@ -163,6 +166,54 @@ class Run:
         flops = 96 * self.plan_spec["global_batch"] * s * layers * h * h * (
             1 + s / (6 * h) + v / (16 * layers * h))
         return flops / (self.gpus * meas["tflops_per_gpu"] * 1e12)
+
+
+# llm-foundry's GPU names, and the network assumed under them (the README: A100 nodes with
+# "1600 Gbps node-node interconnect (RoCE)", 8 x 200 Gb/s like HDR InfiniBand; H100 not stated,
+# DGX H100's 8 x NDR 400 Gb/s assumed as for the published H100 runs)
+SWEEP_GPUS = {"a100_40gb": ("A100-40GB", "ib-hdr"), "a100_80gb": ("A100-80GB", "ib-hdr"),
+              "h100_80gb": ("H100-SXM", "ib-ndr")}
+SWEEP_PRECISIONS = {"amp_bf16": "autocast-bf16", "bf16": "bf16"}
+# the A100 40GB table ran on PyTorch 1.13, the others on 2.1 (``labsim.software``, fsdp-torch1.13)
+SWEEP_SOFTWARE = {"a100_40gb": "fsdp-torch1.13", "a100_80gb": "fsdp", "h100_80gb": "fsdp"}
+
+
+@lru_cache(maxsize=1)
+def sweep_runs() -> tuple[Run, ...]:
+    """llm-foundry's benchmark sweep as runs of role ``"sweep"`` (module doc): every BF16 row
+    with FULL_SHARD sharding and no activation offload whose global batch is a whole number
+    of micro-batches per GPU (Composer also runs uneven last micro-batches, which a ``Plan``
+    does not express)."""
+    text = resources.files("labsim").joinpath("data/llmfoundry_sweep.json").read_text("utf-8")
+    data = json.loads(text)
+    col = {name: i for i, name in enumerate(data["columns"])}
+    out = []
+    for table in data["tables"]:
+        for row in table["rows"]:
+            def get(name: str, row: list = row) -> str:
+                return row[col[name]]
+            size, seq, gpus = get("Model"), int(get("SeqLen (T)")), int(get("# GPUs"))
+            mbs, batch = int(get("MicroBatchSize")), int(get("GlobalBatchSize"))
+            if (get("Precision") not in SWEEP_PRECISIONS
+                    or get("Sharding Strategy") != "FULL_SHARD"
+                    or get("Activation CPUOffload") != "False" or batch % (mbs * gpus)):
+                continue
+            gpu, fabric = SWEEP_GPUS[get("GPU")]
+            dims = data["models"][size]
+            model = dict(dims, family="mpt", kv_heads=dims["heads"], seq_len=seq,
+                         name=f"MPT-{size}")
+            plan = dict(dp=gpus, micro_batch=mbs, global_batch=batch, zero_stage=3,
+                        recompute="full" if get("Activation Checkpointing") == "True"
+                        else "none", precision=SWEEP_PRECISIONS[get("Precision")],
+                        software=SWEEP_SOFTWARE[get("GPU")])
+            measured = {"tokens_per_s_per_gpu": float(get("Throughput (T/s/GPU)")),
+                        "mfu_pct": float(get("MFU"))}
+            run_id = f"llmfoundry_sweep_{get('GPU')}_{size}_seq{seq}_{gpus}gpu_mbs{mbs}"
+            out.append(Run(run_id, "sweep", gpu, gpus, fabric, model, plan, measured,
+                           "MosaicML llm-foundry / Composer (PyTorch FSDP)", data["source"],
+                           data["url"], f"table '{table['name']}'", "| " + " | ".join(row)
+                           + " |", ()))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1)

@@ -53,14 +53,19 @@ Fields:
 * ``attention`` -- the attention kernel the framework uses by default;
 * ``flash_kernel`` -- which FlashAttention implementation runs when attention is flash
   (``labsim.compute.FLASH_KERNELS``): Dao's CUDA kernels, or the Triton kernel of 2022 that
-  llm-foundry's ``attn_impl: triton`` (its benchmarks' default) ran.
+  llm-foundry's ``attn_impl: triton`` (its benchmarks' default) ran;
+* ``recompute_early_stop`` -- full recomputation stops before a layer's last GEMM: PyTorch's
+  non-reentrant ``torch.utils.checkpoint`` (what FSDP's ``checkpoint_wrapper`` with
+  ``CheckpointImpl.NO_REENTRANT`` runs) stops recomputing once every saved tensor is rebuilt,
+  by default since PyTorch 2.1 (pytorch/pytorch#96866); Megatron-LM and DeepSpeed run their
+  own checkpoint functions, which replay the whole forward.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 from labsim.compute import FLASH_KERNELS
@@ -93,6 +98,7 @@ class SoftwareProfile:
     blocking_p2p: bool = False
     attention: str = "flash"
     flash_kernel: str = "cuda"
+    recompute_early_stop: bool = False
     fitted: str = "sustained"
     source: str = ""
     calibration: str = ""
@@ -148,10 +154,25 @@ MEGATRON_LM_2022_AMPERE = 0.836
 
 # No framework in particular: the mean of the calibrated profiles' fitted fractions on each
 # generation, to two places (Ampere: Megatron-LM 2021 0.804, Megatron-LM 2022 0.836, FSDP
-# 0.895; Hopper: Megatron-Core 0.746, FSDP 0.715); Volta and Blackwell have no calibration run
+# 0.872; Hopper: Megatron-Core 0.746, FSDP 0.696); Volta and Blackwell have no calibration run
 # and take their neighbour's.
-GENERIC_SUSTAINED = MappingProxyType({"volta": 0.84, "ampere": 0.84, "hopper": 0.73,
-                                      "blackwell": 0.73})
+GENERIC_SUSTAINED = MappingProxyType({"volta": 0.84, "ampere": 0.84, "hopper": 0.72,
+                                      "blackwell": 0.72})
+
+_FSDP = SoftwareProfile(
+    "fsdp", "PyTorch FSDP (FULL_SHARD) as in MosaicML llm-foundry / Composer on PyTorch 2.1: one "
+    "unit per transformer block, backward prefetch, gradients reduce-scattered per unit, "
+    "FlashAttention (llm-foundry's Triton kernel of 2022), non-reentrant activation "
+    "checkpointing (recomputation stops early)",
+    MappingProxyType({"ampere": 0.872, "hopper": 0.696}), flash_kernel="triton-2022",
+    recompute_early_stop=True,
+    source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
+    "llm-foundry benchmarking README; scripts/train/benchmarking/submit_benchmarks.py "
+    "(--attn_impl default 'triton', which sweep.sh never changes) and "
+    "llmfoundry/models/layers/attention.py (attn_impl triton: flash_attn_triton.py on "
+    "triton-pre-mlir); yamls: activation_checkpointing_reentrant: false; sweep.sh: "
+    "mosaicml/pytorch:2.1.0_cu121",
+    calibration="llm-foundry 8-GPU A100-80GB and H100 runs (5 runs)")
 
 _PROFILES: tuple[SoftwareProfile, ...] = (
     SoftwareProfile(
@@ -211,17 +232,17 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "async version is not async at all'); sustained: Megatron-LM 2021's (same kernels)",
         calibration="Narayanan et al. 2021 Table 2, ZeRO-3 GPT-3 175B on 384 / 768 / 1536 GPUs "
         "(3 runs; the 529.6B runs are held out)"),
-    SoftwareProfile(
-        "fsdp", "PyTorch FSDP (FULL_SHARD) as in MosaicML llm-foundry / Composer: one unit per "
-        "transformer block, backward prefetch, gradients reduce-scattered per unit, "
-        "FlashAttention (llm-foundry's Triton kernel of 2022)",
-        MappingProxyType({"ampere": 0.895, "hopper": 0.715}), flash_kernel="triton-2022",
-        source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
-        "llm-foundry benchmarking README; scripts/train/benchmarking/submit_benchmarks.py "
-        "(--attn_impl default 'triton', which sweep.sh never changes) and "
-        "llmfoundry/models/layers/attention.py (attn_impl triton: flash_attn_triton.py on "
-        "triton-pre-mlir)",
-        calibration="llm-foundry 8-GPU A100-80GB and H100 runs (5 runs)"),
+    _FSDP,
+    replace(
+        _FSDP, name="fsdp-torch1.13",
+        description="PyTorch FSDP as llm-foundry ran it on PyTorch 1.13 (its README's A100 "
+        "40GB table): fsdp, but recomputation replays the whole forward (no early stop before "
+        "PyTorch 2.1)", recompute_early_stop=False,
+        source=_FSDP.source + "; the README's tables carried '#### TODO: Update tables with "
+        "torch 2.0 after next Composer release' (commit 300cc5c58, May 2023) and the A100 40GB "
+        "table was not run again when the A100 80GB one was (b2a43a1, October 2023, "
+        "sweep.sh: mosaicml/pytorch:2.1.0_cu121); sustained: fsdp's (same kernels; not fitted)",
+        calibration=""),
 )
 PROFILES: Mapping[str, SoftwareProfile] = MappingProxyType({p.name: p for p in _PROFILES})
 

@@ -290,7 +290,8 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
                             attention=plan.attention, precision=plan.numerics, sustained=su,
-                            flash_kernel=profile(plan.software).flash_kernel)
+                            flash_kernel=profile(plan.software).flash_kernel,
+                            recompute_early_stop=profile(plan.software).recompute_early_stop)
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from labsim.published import nccl_tests, predict_curve, runs
+from labsim.published import nccl_tests, predict_curve, runs, sweep_runs
 
 # curve id -> (median |error|, max |error|) reached, in percent of time (= of busbw)
 CURVE_BOUNDS = {
@@ -59,3 +59,36 @@ def test_most_published_points_are_within_15_percent():
     errors = [abs(m / p - 1) for c in nccl_tests() for _, m, p, _ in predict_curve(c)]
     assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.76
     assert statistics.median(errors) <= 0.07
+
+
+def test_llm_foundry_sweep_is_the_readme_row_for_row():
+    sweep = sweep_runs()
+    assert len(sweep) == 203 and len({r.id for r in sweep}) == len(sweep)
+    assert {r.role for r in sweep} == {"sweep"} and {r.gpu for r in sweep} == {
+        "A100-40GB", "A100-80GB", "H100-SXM"}
+    seven = next(r for r in sweep if r.id == "llmfoundry_sweep_h100_80gb_7b_seq2048_8gpu_mbs6")
+    assert (seven.model.layers, seven.model.hidden, seven.model.heads) == (32, 4096, 32)
+    assert seven.plan.recompute == "none" and seven.plan.precision == "autocast-bf16"
+    assert "| 10643 |" in seven.quote and seven.url.startswith("https://github.com/mosaicml")
+    assert seven.measured_step_s() == pytest.approx(48 * 2048 / (10643 * 8))
+    # the sweep holds the published llm-foundry runs it was taken from
+    held = {(r.gpu, r.model.hidden, r.model.seq_len, r.gpus, r.plan.micro_batch)
+            for r in runs() if r.id.startswith("llmfoundry_")}
+    assert held <= {(r.gpu, r.model.hidden, r.model.seq_len, r.gpus, r.plan.micro_batch)
+                    for r in sweep}
+
+
+@pytest.mark.slow
+def test_the_fsdp_profile_across_llm_foundrys_whole_sweep():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "step.py"
+    spec = importlib.util.spec_from_file_location("benchmark_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    unfitted = [abs(e) for _, e, fitted in bench.sweep_errors() if not fitted]
+    assert len(unfitted) == 198
+    assert statistics.median(unfitted) <= 0.07
+    assert sum(e <= 0.1 for e in unfitted) / len(unfitted) >= 0.62
+    assert sum(e <= 0.2 for e in unfitted) / len(unfitted) >= 0.86

@@ -224,12 +224,63 @@ def test_llm_foundry_runs_the_triton_flash_kernel_of_2022():
     with pytest.raises(ValueError, match="flash_kernel"):
         replace(PROFILES["fsdp"], flash_kernel="xformers")
     assert PROFILES["fsdp"].flash_kernel == "triton-2022"
-    assert {p.flash_kernel for n, p in PROFILES.items() if n != "fsdp"} == {"cuda"}
+    assert {p.flash_kernel for n, p in PROFILES.items() if not n.startswith("fsdp")} == {"cuda"}
     model = labsim.Transformer.preset("llama2-7b")
     cuda = compute.layer_cost(model, 4, a100, flash_kernel="cuda")
     triton = compute.layer_cost(model, 4, a100, flash_kernel="triton-2022")
     assert triton.forward.time_s > cuda.forward.time_s  # the same FLOPs, slower
     assert triton.model_flops == cuda.model_flops
+
+
+def _matmuls_in_backward(early_stop: bool) -> int:
+    """Matmuls PyTorch runs in the backward of one checkpointed MLP block (recomputation
+    included), counted by a dispatch mode."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    class Count(TorchDispatchMode):
+        mm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.mm += func.overloadpacket.__name__ in ("mm", "addmm")
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    up, down = (torch.randn(16, 64, requires_grad=True), torch.randn(64, 16, requires_grad=True))
+
+    def block(x):
+        return x + torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (16,)) @ up) @ down
+
+    x = torch.randn(8, 16, requires_grad=True)
+    with set_checkpoint_early_stop(early_stop):
+        y = checkpoint(block, x, use_reentrant=False)
+    with Count() as count:
+        y.sum().backward()
+    return count.mm
+
+
+def test_non_reentrant_checkpoint_stops_before_the_last_gemm():
+    """What ``recompute_early_stop`` models, measured on this machine's PyTorch: backward of a
+    checkpointed block runs 2 x 2 gradient GEMMs plus the recomputed forward's, and early stop
+    (the default) leaves the last forward GEMM out."""
+    assert _matmuls_in_backward(early_stop=False) == 4 + 2
+    assert _matmuls_in_backward(early_stop=True) == 4 + 1
+    from labsim import compute
+
+    model, a100 = labsim.Transformer.preset("llama2-7b"), labsim.gpu("A100-80GB")
+    full = compute.layer_cost(model, 4, a100, recompute="full")
+    early = compute.layer_cost(model, 4, a100, recompute="full", recompute_early_stop=True)
+    down = {g.name: g for g in model.layer_gemms(4)}["mlp_down"]
+    assert full.recompute == full.forward and early.forward == full.forward
+    assert early.recompute.flops == pytest.approx(full.forward.flops - down.flops)
+    assert 0 < early.recompute.time_s < full.recompute.time_s
+    assert compute.layer_cost(model, 4, a100, recompute_early_stop=True).recompute.time_s == 0
+    # which stacks stop early: PyTorch's non-reentrant checkpoint from 2.1 on
+    stops = {n for n, p in PROFILES.items() if p.recompute_early_stop}
+    assert stops == {"fsdp"}
+    torch113 = PROFILES["fsdp-torch1.13"]
+    assert torch113.sustained == PROFILES["fsdp"].sustained and not torch113.calibration
 
 
 def test_tensor_parallel_overlap_is_a_plan_option():
@@ -521,13 +572,13 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
-    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.08
-    assert statistics.median(held) <= 0.043 and max(held) <= 0.22
-    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 20 %
+    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.07
+    assert statistics.median(held) <= 0.041 and max(held) <= 0.22
+    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 9 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
             and r.plan_spec["software"] != "deepspeed-zero3-2021"]
-    assert max(rest) <= 0.125 and statistics.median(rest) <= 0.04
+    assert max(rest) <= 0.09 and statistics.median(rest) <= 0.04
 
 
 @pytest.mark.slow
