@@ -209,36 +209,45 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
     gpu, m, p = cluster.gpu, plan.microbatches, plan.pp
     h = _tp_hidden(plan, cluster, soft)
     z_gather, z_reduce, units, (gathers_f, gathers_b) = zero3
+    k = compute.efficiency(gpu).overlap_slowdown
+
+    def extra(compute_s: float, comm_s: float) -> float:  # compute.overlap_extra_s
+        return min(comm_s * k / (1 + k), compute_s * k) if compute_s > 0 < comm_s else 0.0
+
+    forwards = [m * sum(c.t_fwd for c in chunks[s::p]) for s in range(p)]
+    params = [sum(c.params for c in chunks[s::p]) for s in range(p)]
+    done: dict[tuple, ChunkCost] = {}  # chunks alike (one stage's middle chunks) priced once
     out = []
     for g, ch in enumerate(chunks):
+        bucket, n = buckets[g]
+        key = (id(ch.tp), ch.t_fwd, ch.t_bwd, ch.t_rec, ch.head_fwd, id(bucket), n, g % p)
+        if key in done:
+            out.append(done[key])
+            continue
         fwd, bwd = ch.t_fwd, ch.t_bwd + ch.t_rec
         extra_f = extra_b = 0.0
         if ch.tp is not None and h:
-            extra_f += compute.overlap_extra_s(fwd, h * ch.tp.alone_s * ch.tp_fwd, gpu)
-            extra_b += compute.overlap_extra_s(bwd, h * ch.tp.alone_s * ch.tp_bwd, gpu)
-        bucket, n = buckets[g]
+            extra_f += extra(fwd, h * ch.tp.alone_s * ch.tp_fwd)
+            extra_b += extra(bwd, h * ch.tp.alone_s * ch.tp_bwd)
         if bucket is not None and plan.overlap_grad_reduce:
             if plan.zero_stage == 2:
-                extra_b += compute.overlap_extra_s(bwd, n * bucket.alone_s, gpu)
+                extra_b += extra(bwd, n * bucket.alone_s)
             else:  # during the last micro-batch's backward
-                extra_b += compute.overlap_extra_s(bwd, n * bucket.alone_s, gpu) / m
+                extra_b += extra(bwd, n * bucket.alone_s) / m
         gather = gathers[g % p]
         if gather is not None and soft.overlap_param_gather:
-            stage = chunks[g % p::p]
-            share = ch.params / sum(c.params for c in stage)
-            extra_f += compute.overlap_extra_s(m * sum(c.t_fwd for c in stage),
-                                               share * gather.alone_s, gpu) * share / m
+            share = ch.params / params[g % p]
+            extra_f += extra(forwards[g % p], share * gather.alone_s) * share / m
         if z_gather is not None and plan.zero3_prefetch > 0:
             layers = ch.layers
             per_f = (ch.t_fwd - ch.head_fwd) / layers
             per_b = (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers
             reduce_s = units * z_reduce.alone_s
-            extra_f += sum(compute.overlap_extra_s(per_f, k * z_gather.alone_s, gpu)
-                           for k in gathers_f)
-            extra_b += sum(compute.overlap_extra_s(per_b, k * z_gather.alone_s + reduce_s, gpu)
-                           for k in gathers_b)
-        out.append(replace(ch, t_fwd=ch.t_fwd + extra_f, t_bwd=ch.t_bwd + extra_b)
-                   if extra_f or extra_b else ch)
+            extra_f += sum(extra(per_f, c * z_gather.alone_s) for c in gathers_f)
+            extra_b += sum(extra(per_b, c * z_gather.alone_s + reduce_s) for c in gathers_b)
+        done[key] = (replace(ch, t_fwd=ch.t_fwd + extra_f, t_bwd=ch.t_bwd + extra_b)
+                     if extra_f or extra_b else ch)
+        out.append(done[key])
     return out
 
 
