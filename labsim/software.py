@@ -115,6 +115,9 @@ class SoftwareProfile:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        if not isinstance(self.recompute_early_stop, bool):
+            raise ValueError(f"recompute_early_stop={self.recompute_early_stop!r} must be True "
+                             "or False")
         if self.flash_kernel not in FLASH_KERNELS:
             raise ValueError(f"flash_kernel={self.flash_kernel!r}: choose one of "
                              f"{FLASH_KERNELS}")

@@ -223,6 +223,11 @@ def test_llm_foundry_runs_the_triton_flash_kernel_of_2022():
         eff.flash("triton", 2048)
     with pytest.raises(ValueError, match="flash_kernel"):
         replace(PROFILES["fsdp"], flash_kernel="xformers")
+    with pytest.raises(ValueError, match="triton-2022"):
+        compute.layer_cost(labsim.Transformer.preset("llama2-7b"), 1, a100, attention="standard",
+                           flash_kernel="triton")
+    with pytest.raises(ValueError, match="True or False"):
+        replace(PROFILES["fsdp"], recompute_early_stop="yes")
     assert PROFILES["fsdp"].flash_kernel == "triton-2022"
     assert {p.flash_kernel for n, p in PROFILES.items() if not n.startswith("fsdp")} == {"cuda"}
     model = labsim.Transformer.preset("llama2-7b")
