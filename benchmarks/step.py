@@ -5,7 +5,7 @@
     python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
-    python benchmarks/step.py --sweep      # the fsdp profile on llm-foundry's whole sweep
+    python benchmarks/step.py --sweep      # the fsdp profiles on llm-foundry's whole sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
 GPU generation), the profile's one fitted value (``SoftwareProfile.fitted``: the sustained

@@ -91,7 +91,8 @@ class Efficiency:
 
     def flash(self, kernel: str, seq_len: int) -> tuple[float, float]:
         """(forward, backward) fraction of dense peak of FlashAttention ``kernel``
-        (``FLASH_KERNELS``) at ``seq_len`` tokens."""
+        (``FLASH_KERNELS``) at ``seq_len`` tokens; a GPU with no published Triton curve
+        gets the CUDA kernel's fractions for both."""
         if kernel not in FLASH_KERNELS:
             raise ValueError(f"flash kernel {kernel!r}: choose one of {FLASH_KERNELS}")
         if kernel == "cuda" or not self.triton_flash:
@@ -174,15 +175,14 @@ def _curve(points: tuple[tuple[float, float], ...], x: float) -> float:
     return points[-1][1]
 
 
-def overlap_extra_s(compute_s: float, comm_s: float, gpu: GPU) -> float:
-    """Seconds a collective of ``comm_s`` adds to ``compute_s`` of compute it runs beside on
-    ``gpu``: compute during the overlap runs ``overlap_slowdown`` longer (Lee et al. 2025),
-    so a collective inside the compute adds ``comm_s * k / (1 + k)`` and compute inside a
-    longer collective ``compute_s * k``."""
-    k = efficiency(gpu).overlap_slowdown
+def overlap_extra_s(compute_s: float, comm_s: float, slowdown: float) -> float:
+    """Seconds a collective of ``comm_s`` adds to ``compute_s`` of compute it runs beside:
+    compute during the overlap runs ``slowdown`` longer (a GPU's
+    ``Efficiency.overlap_slowdown``, Lee et al. 2025), so a collective inside the compute adds
+    ``comm_s * k / (1 + k)`` and compute inside a longer collective ``compute_s * k``."""
     if compute_s <= 0 or comm_s <= 0:
         return 0.0
-    return min(comm_s * k / (1 + k), compute_s * k)
+    return min(comm_s * slowdown / (1 + slowdown), compute_s * slowdown)
 
 
 def memory_time(nbytes: float, gpu: GPU, sustained: float | None = None) -> float:

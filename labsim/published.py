@@ -186,12 +186,10 @@ def sweep_runs() -> tuple[Run, ...]:
     does not express)."""
     text = resources.files("labsim").joinpath("data/llmfoundry_sweep.json").read_text("utf-8")
     data = json.loads(text)
-    col = {name: i for i, name in enumerate(data["columns"])}
     out = []
     for table in data["tables"]:
         for row in table["rows"]:
-            def get(name: str, row: list = row) -> str:
-                return row[col[name]]
+            get = dict(zip(data["columns"], row)).__getitem__
             size, seq, gpus = get("Model"), int(get("SeqLen (T)")), int(get("# GPUs"))
             mbs, batch = int(get("MicroBatchSize")), int(get("GlobalBatchSize"))
             if (get("Precision") not in SWEEP_PRECISIONS

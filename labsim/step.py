@@ -211,8 +211,8 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
     z_gather, z_reduce, units, (gathers_f, gathers_b) = zero3
     k = compute.efficiency(gpu).overlap_slowdown
 
-    def extra(compute_s: float, comm_s: float) -> float:  # compute.overlap_extra_s
-        return min(comm_s * k / (1 + k), compute_s * k) if compute_s > 0 < comm_s else 0.0
+    def extra(compute_s: float, comm_s: float) -> float:
+        return compute.overlap_extra_s(compute_s, comm_s, k)
 
     forwards = [m * sum(c.t_fwd for c in chunks[s::p]) for s in range(p)]
     params = [sum(c.params for c in chunks[s::p]) for s in range(p)]
@@ -296,11 +296,12 @@ def _gather_overhead_s(soft: SoftwareProfile, ranks: int, nbytes: float, gpu: GP
 
 def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluster,
             net: FoldedNetwork, tp_group: Group) -> list[ChunkCost]:
+    soft = profile(plan.software)
     lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
                             attention=plan.attention, precision=plan.numerics, sustained=su,
-                            flash_kernel=profile(plan.software).flash_kernel,
-                            recompute_early_stop=profile(plan.software).recompute_early_stop)
+                            flash_kernel=soft.flash_kernel,
+                            recompute_early_stop=soft.recompute_early_stop)
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages

@@ -172,9 +172,10 @@ def test_overlapped_collectives_slow_the_compute_beside_them_and_only_that():
 
     g = labsim.gpu("A100-80GB")
     k = OVERLAP_SLOWDOWN
-    assert overlap_extra_s(1.0, 0.0, g) == 0.0 and overlap_extra_s(0.0, 1.0, g) == 0.0
-    assert overlap_extra_s(1.0, 0.5, g) == pytest.approx(0.5 * k / (1 + k))
-    assert overlap_extra_s(0.5, 10.0, g) == pytest.approx(0.5 * k)
+    assert labsim.compute.efficiency(g).overlap_slowdown == k
+    assert overlap_extra_s(1.0, 0.0, k) == 0.0 and overlap_extra_s(0.0, 1.0, k) == 0.0
+    assert overlap_extra_s(1.0, 0.5, k) == pytest.approx(0.5 * k / (1 + k))
+    assert overlap_extra_s(0.5, 10.0, k) == pytest.approx(0.5 * k)
     cluster, m = labsim.dgx_a100(2), 4
     base = Plan(dp=16, micro_batch=2, global_batch=16 * 2 * m)
     for overlap in (False, True):  # DP buckets: charged once a step, over its micro-batches
@@ -183,7 +184,7 @@ def test_overlapped_collectives_slow_the_compute_beside_them_and_only_that():
         ch = c.chunks[0]
         bwd = SMALL.layers * lc.backward.time_s + ch.head_bwd
         bucket, n = c.buckets[0]
-        extra = overlap_extra_s(bwd, n * bucket.alone_s, cluster.gpu) / m if overlap else 0
+        extra = overlap_extra_s(bwd, n * bucket.alone_s, k) / m if overlap else 0
         assert ch.t_bwd == pytest.approx(bwd + extra, rel=1e-12)
         assert ch.t_fwd == pytest.approx(SMALL.layers * lc.forward.time_s + ch.head_fwd)
     for prefetch in (0, 1):  # ZeRO-3: only a gather that runs ahead overlaps the compute
@@ -194,7 +195,7 @@ def test_overlapped_collectives_slow_the_compute_beside_them_and_only_that():
         if prefetch:
             gather = c.zero3_gather.alone_s
             assert c.chunks[0].t_fwd == pytest.approx(
-                plain + SMALL.layers * overlap_extra_s(lc.forward.time_s, gather, g))
+                plain + SMALL.layers * overlap_extra_s(lc.forward.time_s, gather, k))
         else:
             assert c.chunks[0].t_fwd == pytest.approx(plain)
 
