@@ -33,6 +33,8 @@ from labsim.workload import Transformer
 
 # nccl-tests -g 8: one thread launches the 8 GPUs' kernels of every call, which adds to each
 # call's time (fitted with the collective constants, on the single-process calibration curve).
+# nccl-tests times back-to-back launches, so in principle the launch is a floor, not an addend;
+# the curves do not favour the floor (docs/step.md, "What was tried").
 SINGLE_PROCESS_OVERHEAD_S = 14.6e-6
 SYSTEMS = {
     "dgx-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "ib-hdr", name=f"DGX A100 x{n}"),
