@@ -78,17 +78,47 @@ def test_llm_foundry_sweep_is_the_readme_row_for_row():
                     for r in sweep}
 
 
-@pytest.mark.slow
-def test_the_fsdp_profile_across_llm_foundrys_whole_sweep():
+def _benchmark(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "step.py"
-    spec = importlib.util.spec_from_file_location("benchmark_step", path)
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.slow
+def test_the_fsdp_profile_across_llm_foundrys_whole_sweep():
+    bench = _benchmark("step")
     unfitted = [abs(e) for _, e, fitted in bench.sweep_errors() if not fitted]
     assert len(unfitted) == 198
     assert statistics.median(unfitted) <= 0.07
     assert sum(e <= 0.1 for e in unfitted) / len(unfitted) >= 0.62
     assert sum(e <= 0.2 for e in unfitted) / len(unfitted) >= 0.86
+
+
+def test_the_variants_benchmark_starts_from_the_kept_model():
+    """``benchmarks/collectives.py --variants`` scores models against the kept one: with its
+    factors at 1 and the launch added it is the kept model point for point; a floor moves only
+    single-process curves; LL128 off the network leaves no LL128 on a multi-node curve."""
+    import numpy as np
+
+    bench = _benchmark("collectives")
+    x = np.array([1.64, 1.13, *bench.PHYSICS.saturation.values(), bench.PHYSICS.ring_fill,
+                  bench.PHYSICS.tree_fill, bench.PHYSICS.nvls_fill,
+                  bench.SINGLE_PROCESS_OVERHEAD_S * 1e6, 1.0, 1.0, 1.0])
+    for c in nccl_tests():
+        kept = bench.errors(c)
+        assert np.allclose(bench._variant_errors(c, x, "sum"), kept, rtol=0, atol=1e-12)
+        floor = bench._variant_errors(c, x, "max")
+        assert np.array_equal(floor, kept) == (c.launch != "single-process")
+        slower = x.copy()
+        slower[-3] = 2.0  # LL128's latency doubled moves exactly the LL128 points
+        moved = bench._variant_errors(c, slower, "sum") != kept
+        chosen = [choice.endswith("/LL128") for _, _, _, choice in predict_curve(c)]
+        assert list(moved) == chosen
+    four = next(c for c in nccl_tests() if c.id == "vp_h100_4node_ib_allgather")
+    off = bench._variant_errors(four, x, "sum", ll128_net=False)
+    assert (np.abs(off) <= 0.15).sum() == 20 and (np.abs(bench.errors(four)) <= 0.15).sum() == 16
