@@ -522,7 +522,10 @@ def _bucket_finish(free: float, t0: float, d: float, n: int, tau: float) -> floa
 def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                   memory: bool = True) -> StepResult:
     """The closed-form face of ``labsim.simulate_step``: the same ``StepResult`` (no trace)
-    from the same ``step_costs``, every collective at its rate alone (no contention).
+    from the same ``step_costs``, every collective at its rate alone except where two
+    streams meet on a pipe in the two ways it prices (a backward op's TP collectives beside
+    its gradient buckets, in ``labsim.uncontended.alone_schedule``; ZeRO-3's prefetched
+    gather beside the reduce-scatter, below); other meetings are not priced.
 
     Pipeline makespan for per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
@@ -530,7 +533,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
     line (``_bucket_finish``).  ZeRO-3: per layer the slower of compute and the gather (plus
-    the reduce in backward) on the data-parallel links, prefetch permitting.
+    the reduce in backward, the two moving together on shared pipes: ``_together``) on the
+    data-parallel links, prefetch permitting.
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak, make_schedule
@@ -622,11 +626,21 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
     c_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
 
+    from labsim.uncontended import shared_growth
+
+    g_gather, g_reduce = shared_growth(c.zero3_gather, c.zero3_reduce, c.capacity)
+    moving_g = c.zero3_gather.alone_s - c.zero3_gather.latency_s
+    moving_r = units * (c.zero3_reduce.alone_s - c.zero3_reduce.latency_s)
+
     def phase(counts: tuple[int, ...], compute: float, reduce: float) -> float:
         if k == 0:
             return sum(counts) * one + layers * compute + reduce
         gather = one * sum(counts) / layers  # prefetching profiles gather every layer alike
-        return gather + (layers - 1) * max(compute, gather + reduce) + compute + reduce
+        comm = gather + reduce
+        if reduce:  # the next layer's gather moves beside this one's reduce, sharing pipes
+            comm -= moving_g * sum(counts) / layers + moving_r
+            comm += _together(moving_g * sum(counts) / layers, moving_r, g_gather, g_reduce)
+        return gather + (layers - 1) * max(compute, comm) + compute + reduce
 
     extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
                if c.zero3_extra[0] is not None else 0.0)
@@ -634,3 +648,14 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     per_mb = (extra_g + phase(fwd, c_f, 0.0) + ch.head_fwd + phase(bwd, c_b, r) + ch.head_bwd
               + extra_r)
     return plan.microbatches * per_mb
+
+
+def _together(a_s: float, b_s: float, growth_a: float, growth_b: float) -> float:
+    """Seconds until two flows that start together are both done, ``a_s`` and ``b_s`` their
+    bandwidth seconds alone and ``growth_*`` how much longer each takes beside the other
+    (``labsim.uncontended.shared_growth``): shared until the first ends, then the other
+    alone.  Work-conserving sharing (growths 1, 1 on one pipe) gives ``a_s + b_s``."""
+    if a_s * (1 + growth_a) > b_s * (1 + growth_b):
+        a_s, b_s, growth_a, growth_b = b_s, a_s, growth_b, growth_a
+    first = a_s * (1 + growth_a)
+    return first + b_s - first / (1 + growth_b)

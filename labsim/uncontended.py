@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from labsim.network import alone_rate, fair_rates
 from labsim.pipeline import Op, Schedule
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
@@ -59,6 +60,18 @@ def _contended(c: StepCosts) -> set[int]:
     return {x for x, u in users.items() if len(u) > 1}
 
 
+def shared_growth(a: Placed, b: Placed, capacity: np.ndarray) -> tuple[float, float]:
+    """How much longer each of two flows takes per second of its bandwidth time alone while
+    both move bytes at once: ``alone rate / shared rate - 1`` for ``a`` and for ``b``, the
+    shared rates by the network's weighted max-min fairness (0, 0 when no pipe is shared)."""
+    if not set(a.pipes) & set(b.pipes):
+        return 0.0, 0.0
+    shared = fair_rates([(a.pipes, a.loads, a.cap_Bps), (b.pipes, b.loads, b.cap_Bps)],
+                        capacity)
+    return tuple(alone_rate(f.pipes, f.loads, f.cap_Bps, capacity) / r - 1
+                 for f, r in zip((a, b), shared))
+
+
 def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                    trace: bool = True) -> AloneRun | None:
     """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
@@ -66,7 +79,11 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
     computes whenever no two flows move bytes on one pipe at the same time; with ``check``
     it returns None when some do (the caller then simulates the network).  ``trace=False``
-    leaves ``spans`` empty (the closed form needs the times only)."""
+    leaves ``spans`` empty (the closed form needs the times only) and is the closed form's
+    evaluation: there a backward op that produces gradient buckets shares its pipes with them
+    as a fluid would (``shared_growth``): the op's exposed TP collectives run at their shared
+    rate for the share of the op the bucket stream is busy, and the stream loses what it
+    cedes meanwhile."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -88,6 +105,12 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
     tables = [_op_table(c, s, arrival) for s in range(p)]
+    growth = {}  # chunk -> (TP growth, bucket growth) when both move at once (closed form)
+    if bare and overlap:
+        for g, (bucket, n_buckets) in enumerate(c.buckets):
+            tp = c.chunks[g].tp
+            if bucket is not None and n_buckets and tp is not None and tp.pipes:
+                growth[g] = shared_growth(tp, bucket, c.capacity)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
     remaining = sum(len(o) for o in schedule)
     while remaining:
@@ -125,9 +148,31 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                     bucket, n_buckets = c.buckets[g]
                     if bare and n_buckets:  # the stream's end only: run it now, in order
                         free, tau = stream_free[s], bucket.alone_s
-                        for k in range(n_buckets):
-                            ready = start + planned * (k + 1) / n_buckets
-                            free = (free if free > ready else ready) + tau
+                        g_tp, g_dp = growth.get(g, (0.0, 0.0))
+                        if g_tp and tp is not None:
+                            # the op's TP bytes (a hidden share from its start, the rest
+                            # after its compute, as the event engine moves them) meet each
+                            # bucket they overlap; both slow to their shared rates meanwhile
+                            alone = tp.alone_s * calls
+                            moving = 1 - tp.latency_s / tp.alone_s
+                            tail = start + max(work, h * alone)
+                            hidden = (start, start + h * alone)
+                            met_h = met_e = 0.0
+                            for k in range(n_buckets):
+                                ready = start + planned * (k + 1) / n_buckets
+                                b0 = free if free > ready else ready
+                                b1 = b0 + tau
+                                ov_h = max(0.0, min(b1, hidden[1]) - max(b0, hidden[0]))
+                                ov_e = max(0.0, min(b1, end) - max(b0, tail))
+                                met_h += ov_h
+                                met_e += ov_e
+                                free = b1 + (ov_h + ov_e) * moving * g_dp / (1 + g_dp)
+                            end = (start + max(work, h * alone + met_h * moving * g_tp)
+                                   + (1 - h) * alone + met_e * moving * g_tp)
+                        else:
+                            for k in range(n_buckets):
+                                ready = start + planned * (k + 1) / n_buckets
+                                free = (free if free > ready else ready) + tau
                         stream_free[s] = free
                     else:
                         for k in range(n_buckets):
