@@ -523,9 +523,10 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                   memory: bool = True) -> StepResult:
     """The closed-form face of ``labsim.simulate_step``: the same ``StepResult`` (no trace)
     from the same ``step_costs``, every collective at its rate alone except where two
-    streams meet on a pipe in the two ways it prices (a backward op's TP collectives beside
-    its gradient buckets, in ``labsim.uncontended.alone_schedule``; ZeRO-3's prefetched
-    gather beside the reduce-scatter, below); other meetings are not priced.
+    streams meet on a pipe in the three ways it prices (a backward op's TP collectives beside
+    its gradient buckets, in ``labsim.uncontended.alone_schedule``; ZeRO-3's gathers beside
+    the previous layer's gradient reduction, prefetched or not, below); other meetings are
+    not priced.
 
     Pipeline makespan for per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
@@ -633,13 +634,20 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     moving_r = units * (c.zero3_reduce.alone_s - c.zero3_reduce.latency_s)
 
     def phase(counts: tuple[int, ...], compute: float, reduce: float) -> float:
+        if k == 0 and reduce:  # each layer's gathers move beside the last layer's reduce
+            first, *rest = reversed(counts)
+            return (first * one + layers * compute + reduce + sum(
+                _gathers_beside(n, one - moving_g, moving_g, c.zero3_reduce.latency_s,
+                                moving_r, g_gather, g_reduce) for n in rest))
         if k == 0:
             return sum(counts) * one + layers * compute + reduce
         gather = one * sum(counts) / layers  # prefetching profiles gather every layer alike
         comm = gather + reduce
-        if reduce:  # the next layer's gather moves beside this one's reduce, sharing pipes
-            comm -= moving_g * sum(counts) / layers + moving_r
-            comm += _together(moving_g * sum(counts) / layers, moving_r, g_gather, g_reduce)
+        if reduce:  # the next layer's gather moves beside this one's reduce, sharing pipes,
+            # each one's latency and host work beside the other's bytes
+            moved = moving_g * sum(counts) / layers
+            comm = max(gather - moved, reduce - moving_r) + _together(
+                moved, moving_r, g_gather, g_reduce)
         return gather + (layers - 1) * max(compute, comm) + compute + reduce
 
     extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
@@ -648,6 +656,34 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     per_mb = (extra_g + phase(fwd, c_f, 0.0) + ch.head_fwd + phase(bwd, c_b, r) + ch.head_bwd
               + extra_r)
     return plan.microbatches * per_mb
+
+
+def _gathers_beside(n: int, before_s: float, moving_s: float, reduce_wait_s: float,
+                    reduce_s: float, growth_g: float, growth_r: float) -> float:
+    """Seconds of ``n`` gathers in a row (each ``before_s`` of latency and host work, then
+    ``moving_s`` of bytes alone) started together with a reduce (``reduce_wait_s`` of latency,
+    then ``reduce_s`` of bytes alone): the bytes of both move as fluids on shared pipes,
+    each ``growth_*`` longer while the other moves (``labsim.uncontended.shared_growth``)."""
+    t, left = 0.0, reduce_s
+    for _ in range(n):
+        if left > 0:  # the reduce moves alone while the gather waits
+            left = max(0.0, left - max(0.0, t + before_s - max(t, reduce_wait_s)))
+        t += before_s
+        if left > 0 and t >= reduce_wait_s:
+            step = _first_done(moving_s, left, growth_g, growth_r)
+            left = max(0.0, left - step / (1 + growth_r))
+            t += step
+        else:
+            t += moving_s
+    return t
+
+
+def _first_done(a_s: float, b_s: float, growth_a: float, growth_b: float) -> float:
+    """Seconds until flow ``a`` is done when it starts together with ``b`` (``_together``'s
+    terms): shared while both move, alone once ``b`` is done."""
+    if a_s * (1 + growth_a) <= b_s * (1 + growth_b):
+        return a_s * (1 + growth_a)
+    return b_s * (1 + growth_b) + a_s - b_s * (1 + growth_b) / (1 + growth_a)
 
 
 def _together(a_s: float, b_s: float, growth_a: float, growth_b: float) -> float:

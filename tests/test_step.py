@@ -580,6 +580,14 @@ def _zero3_plan():
                                                             global_batch=512, zero_stage=3)
 
 
+def _unprefetched_zero3_plan():
+    """DeepSpeed 2021's ZeRO-3 on a PCIe box: each layer's gathers beside the last one's
+    gradient all-reduce, with no prefetch."""
+    return labsim.Transformer.preset("gpt2-1.5b"), labsim.pcie_box(1), Plan(
+        dp=8, micro_batch=2, global_batch=16, zero_stage=3, recompute="full",
+        software="deepspeed-zero3-2021")
+
+
 def test_shared_growth_is_what_fair_sharing_takes_from_each_flow():
     from labsim.uncontended import shared_growth
 
@@ -609,10 +617,24 @@ def test_two_flows_together_take_between_the_longer_and_the_sum():
     assert 3.0 < _together(2.0, 3.0, 0.5, 0.5) < 5.0
 
 
-@pytest.mark.parametrize("case", [_contended_tp_plan, _zero3_plan])
+def test_gathers_beside_a_reduce_slow_only_while_both_move():
+    from labsim.step import _gathers_beside
+
+    alone = 3 * (0.5 + 1.0)
+    assert _gathers_beside(3, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0) == pytest.approx(alone)
+    assert _gathers_beside(3, 0.5, 1.0, 0.0, 5.0, 0.0, 0.0) == pytest.approx(alone)
+    # a reduce done before the first gather moves (it waits 0.5 s of latency) costs nothing
+    assert _gathers_beside(3, 0.5, 1.0, 0.0, 0.5, 1.0, 1.0) == pytest.approx(alone)
+    # one pipe, half each: the first gather moves at half rate for the reduce's last 1 s
+    assert _gathers_beside(1, 0.5, 1.0, 0.0, 1.5, 1.0, 1.0) == pytest.approx(0.5 + 2.0)
+    longer = [_gathers_beside(2, 0.5, 1.0, 0.0, r, 1.0, 1.0) for r in (1.0, 2.0, 4.0, 8.0)]
+    assert longer == sorted(longer) and longer[-1] <= 2 * 1.5 + 2 * 1.0
+
+
+@pytest.mark.parametrize("case", [_contended_tp_plan, _zero3_plan, _unprefetched_zero3_plan])
 def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
-    # without the sharing priced the closed form is far off (TP beside buckets: 8 % fast;
-    # ZeRO-3's gather and reduce-scatter in turn: 12 % slow); with it, close
+    # with the flows' fair shares the closed form is within 2.5 % of the event engine; with
+    # every flow at its rate alone it is 8-13 % off
     import labsim.uncontended as uncontended
 
     model, cluster, plan = case()
@@ -621,7 +643,7 @@ def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
     monkeypatch.setattr(uncontended, "shared_growth", lambda a, b, capacity: (0.0, 0.0))
     alone = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert abs(alone / sim - 1) > 0.07
-    assert abs(est / sim - 1) < (0.02 if case is _contended_tp_plan else 0.05)
+    assert abs(est / sim - 1) < 0.025
 
 
 @pytest.mark.slow
@@ -638,8 +660,8 @@ def test_estimate_step_on_pcie_boxes_agrees_with_simulate_step_mostly():
     errors = sorted(abs(estimate_step(m, c, p, memory=False).step_time_s
                         / simulate_step(m, c, p, memory=False).step_time_s - 1)
                     for m, c, p in bench.sample_plans(200, seed=0, pcie=True))
-    assert sum(e <= 0.02 for e in errors) / len(errors) >= 0.96
-    assert errors[int(0.95 * (len(errors) - 1))] <= 0.015
+    assert sum(e <= 0.02 for e in errors) / len(errors) >= 0.97
+    assert errors[int(0.95 * (len(errors) - 1))] <= 0.0125
     assert errors[-1] <= 0.05
 
 # -- published runs --------------------------------------------------------------------------
