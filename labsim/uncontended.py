@@ -81,9 +81,9 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     it returns None when some do (the caller then simulates the network).  ``trace=False``
     leaves ``spans`` empty (the closed form needs the times only) and is the closed form's
     evaluation: there a backward op that produces gradient buckets shares its pipes with them
-    as a fluid would (``shared_growth``): the op's exposed TP collectives run at their shared
-    rate for the share of the op the bucket stream is busy, and the stream loses what it
-    cedes meanwhile."""
+    as fluids would (``shared_growth``): its TP collectives (a hidden share from the op's
+    start, the rest after its compute) run at their shared rate while a bucket moves, and
+    each bucket at its shared rate while they do."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
