@@ -87,6 +87,18 @@ def alone_rate(pipes: Sequence[int], loads: Sequence[float], cap: float,
     return rate
 
 
+def shared_growth(a: Placed, b: Placed, capacity: np.ndarray) -> tuple[float, float]:
+    """How much longer each of two flows takes per second of its bandwidth time alone while
+    both move bytes at once: ``alone rate / shared rate - 1`` for ``a`` and for ``b``, the
+    shared rates by the network's weighted max-min fairness (0, 0 when no pipe is shared)."""
+    if not set(a.pipes) & set(b.pipes):
+        return 0.0, 0.0
+    shared = fair_rates([(a.pipes, a.loads, a.cap_Bps), (b.pipes, b.loads, b.cap_Bps)],
+                        capacity)
+    return tuple(alone_rate(f.pipes, f.loads, f.cap_Bps, capacity) / r - 1
+                 for f, r in zip((a, b), shared))
+
+
 def collective_flow(cluster: Cluster, ranks: Sequence[int], cost: CollectiveCost,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(pipes, loads) of a collective of ``cost`` among ``ranks`` of ``cluster``: its intra

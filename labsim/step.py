@@ -38,7 +38,7 @@ from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params
-from labsim.network import FoldedNetwork, Placed
+from labsim.network import FoldedNetwork, Placed, shared_growth
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
 from labsim.trace import Span, Trace
@@ -627,8 +627,6 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
     c_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
 
-    from labsim.uncontended import shared_growth
-
     g_gather, g_reduce = shared_growth(c.zero3_gather, c.zero3_reduce, c.capacity)
     moving_g = c.zero3_gather.alone_s - c.zero3_gather.latency_s
     moving_r = units * (c.zero3_reduce.alone_s - c.zero3_reduce.latency_s)
@@ -663,7 +661,7 @@ def _gathers_beside(n: int, before_s: float, moving_s: float, reduce_wait_s: flo
     """Seconds of ``n`` gathers in a row (each ``before_s`` of latency and host work, then
     ``moving_s`` of bytes alone) started together with a reduce (``reduce_wait_s`` of latency,
     then ``reduce_s`` of bytes alone): the bytes of both move as fluids on shared pipes,
-    each ``growth_*`` longer while the other moves (``labsim.uncontended.shared_growth``)."""
+    each ``growth_*`` longer while the other moves (``labsim.network.shared_growth``)."""
     t, left = 0.0, reduce_s
     for _ in range(n):
         if left > 0:  # the reduce moves alone while the gather waits
@@ -689,9 +687,7 @@ def _first_done(a_s: float, b_s: float, growth_a: float, growth_b: float) -> flo
 def _together(a_s: float, b_s: float, growth_a: float, growth_b: float) -> float:
     """Seconds until two flows that start together are both done, ``a_s`` and ``b_s`` their
     bandwidth seconds alone and ``growth_*`` how much longer each takes beside the other
-    (``labsim.uncontended.shared_growth``): shared until the first ends, then the other
+    (``labsim.network.shared_growth``): shared until the first ends, then the other
     alone.  Work-conserving sharing (growths 1, 1 on one pipe) gives ``a_s + b_s``."""
-    if a_s * (1 + growth_a) > b_s * (1 + growth_b):
-        a_s, b_s, growth_a, growth_b = b_s, a_s, growth_b, growth_a
-    first = a_s * (1 + growth_a)
-    return first + b_s - first / (1 + growth_b)
+    return max(_first_done(a_s, b_s, growth_a, growth_b),
+               _first_done(b_s, a_s, growth_b, growth_a))

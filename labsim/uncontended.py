@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from labsim.network import alone_rate, fair_rates
+from labsim.network import shared_growth
 from labsim.pipeline import Op, Schedule
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
@@ -58,18 +58,6 @@ def _contended(c: StepCosts) -> set[int]:
             for x in (tp.pipes if tp is not None else ()):
                 users.setdefault(x, set()).add(("compute", s_))
     return {x for x, u in users.items() if len(u) > 1}
-
-
-def shared_growth(a: Placed, b: Placed, capacity: np.ndarray) -> tuple[float, float]:
-    """How much longer each of two flows takes per second of its bandwidth time alone while
-    both move bytes at once: ``alone rate / shared rate - 1`` for ``a`` and for ``b``, the
-    shared rates by the network's weighted max-min fairness (0, 0 when no pipe is shared)."""
-    if not set(a.pipes) & set(b.pipes):
-        return 0.0, 0.0
-    shared = fair_rates([(a.pipes, a.loads, a.cap_Bps), (b.pipes, b.loads, b.cap_Bps)],
-                        capacity)
-    return tuple(alone_rate(f.pipes, f.loads, f.cap_Bps, capacity) / r - 1
-                 for f, r in zip((a, b), shared))
 
 
 def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,

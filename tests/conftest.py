@@ -47,6 +47,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
                            + "".join(noise)[-2000:])
 
 
+def load_benchmark(name: str) -> object:
+    """The script ``benchmarks/<name>.py`` as a module (its functions, without running it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}",
+                                                  ROOT / "benchmarks" / f"{name}.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbformat.NotebookNode:
     """Build a notebook from (kind, source[, metadata]) tuples; kind is 'code' or 'markdown'."""
     nb = nbformat.v4.new_notebook()

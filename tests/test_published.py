@@ -11,6 +11,8 @@ import pytest
 
 from labsim.published import nccl_tests, predict_curve, runs, sweep_runs
 
+from .conftest import load_benchmark
+
 # curve id -> (median |error|, max |error|) reached, in percent of time (= of busbw)
 CURVE_BOUNDS = {
     "azure_nda100v4_1node": (6, 20), "azure_msccl_ndh100v5_all_reduce": (4, 24),
@@ -78,20 +80,9 @@ def test_llm_foundry_sweep_is_the_readme_row_for_row():
                     for r in sweep}
 
 
-def _benchmark(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 @pytest.mark.slow
 def test_the_fsdp_profile_across_llm_foundrys_whole_sweep():
-    bench = _benchmark("step")
+    bench = load_benchmark("step")
     unfitted = [abs(e) for _, e, fitted in bench.sweep_errors() if not fitted]
     assert len(unfitted) == 198
     assert statistics.median(unfitted) <= 0.07
@@ -105,7 +96,7 @@ def test_the_variants_benchmark_starts_from_the_kept_model():
     single-process curves; LL128 off the network leaves no LL128 on a multi-node curve."""
     import numpy as np
 
-    bench = _benchmark("collectives")
+    bench = load_benchmark("collectives")
     x = np.array([1.64, 1.13, *bench.PHYSICS.saturation.values(), bench.PHYSICS.ring_fill,
                   bench.PHYSICS.tree_fill, bench.PHYSICS.nvls_fill,
                   bench.SINGLE_PROCESS_OVERHEAD_S * 1e6, 1.0, 1.0, 1.0])

@@ -20,6 +20,8 @@ from labsim.software import PROFILES
 from labsim.step import estimate_step, step_costs, zero3_gathers
 from labsim.uncontended import _contended, alone_schedule
 
+from .conftest import load_benchmark
+
 SMALL = labsim.Transformer(layers=8, hidden=1024, heads=16, seq_len=1024, vocab=32000)
 MID = labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000)
 
@@ -589,7 +591,7 @@ def _unprefetched_zero3_plan():
 
 
 def test_shared_growth_is_what_fair_sharing_takes_from_each_flow():
-    from labsim.uncontended import shared_growth
+    from labsim.network import shared_growth
 
     model, cluster, plan = _contended_tp_plan()
     c = step_costs(model, cluster, plan)
@@ -635,12 +637,14 @@ def test_gathers_beside_a_reduce_slow_only_while_both_move():
 def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
     # with the flows' fair shares the closed form is within 2.5 % of the event engine; with
     # every flow at its rate alone it is 8-13 % off
-    import labsim.uncontended as uncontended
+    import labsim.step
+    import labsim.uncontended
 
     model, cluster, plan = case()
     sim = simulate_step(model, cluster, plan, memory=False).step_time_s
     est = estimate_step(model, cluster, plan, memory=False).step_time_s
-    monkeypatch.setattr(uncontended, "shared_growth", lambda a, b, capacity: (0.0, 0.0))
+    for module in (labsim.step, labsim.uncontended):  # every flow at its rate alone
+        monkeypatch.setattr(module, "shared_growth", lambda a, b, capacity: (0.0, 0.0))
     alone = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert abs(alone / sim - 1) > 0.07
     assert abs(est / sim - 1) < 0.025
@@ -650,13 +654,7 @@ def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
 def test_estimate_step_on_pcie_boxes_agrees_with_simulate_step_mostly():
     """The 200 PCIe plans of ``benchmarks/step.py --agreement`` (two NICs per eight GPUs,
     where TP, DP, ZeRO and pipeline traffic share ports and NICs)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / "step.py"
-    spec = importlib.util.spec_from_file_location("benchmark_step_agreement", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("step")
     errors = sorted(abs(estimate_step(m, c, p, memory=False).step_time_s
                         / simulate_step(m, c, p, memory=False).step_time_s - 1)
                     for m, c, p in bench.sample_plans(200, seed=0, pcie=True))
