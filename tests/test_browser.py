@@ -107,6 +107,14 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
+def _accept_kernel_dialog(page) -> None:
+    """Answer JupyterLab's "Select Kernel" dialog as a learner does (its default, Python 3):
+    it comes up when a run is asked for before the notebook's kernel is connected."""
+    accept = page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept")
+    if accept.count():
+        accept.first.click()
+
+
 def _started(page) -> bool:
     """True once any code cell of the open notebook is queued, running or done."""
     return page.evaluate(
@@ -119,11 +127,13 @@ def run_all_cells(page, attempts: int = 4) -> None:
     """Run > Run All Cells from the menu bar, as a learner does; under heavy load a click can
     land before JupyterLab is ready for it, so try again until a cell has started."""
     for _ in range(attempts):
+        _accept_kernel_dialog(page)
         page.click(f"{PANEL} .jp-Cell >> nth=0 >> .jp-InputPrompt")
         page.keyboard.press("Escape")
         page.click(".lm-MenuBar-itemLabel:text-is('Run')")
         page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
         for _ in range(40):
+            _accept_kernel_dialog(page)
             if _started(page):
                 return
             page.wait_for_timeout(250)
@@ -198,11 +208,19 @@ def widget_reacts(page) -> bool:
 
 
 def _copy(server, folder: str, name: str) -> str:
+    """Copy a notebook into the served folder as never run: no outputs, no execution counts,
+    no saved widget state, so that what the tests read afterwards is what this run made (a
+    solution ships with the outputs nbval compares)."""
     src = ROOT / folder / f"{name}.ipynb"
     if not src.exists():
         pytest.skip(f"{src} does not exist yet")
     (server[1] / folder).mkdir(exist_ok=True)
-    shutil.copy(src, server[1] / folder / src.name)
+    nb = nbformat.read(src, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, server[1] / folder / src.name)
     return f"{folder}/{src.name}"
 
 
