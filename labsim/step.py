@@ -501,8 +501,41 @@ def result_from(costs: StepCosts, step_s: float, busy: list[float], compute_end:
     )
 
 
-SMALL_PIPELINE_OPS = 192  # below this many ops the closed form evaluates the schedule
+SCHEDULE_OPS = 768  # the closed form evaluates schedules of up to this many ops op by op
 BUBBLE_WEIGHT = 0.3  # interleaved bubble: 0 the average stage's pace, 1 the slowest stage's
+
+
+def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] | None:
+    """Each stage's end, its compute-busy seconds and the last compute's end, from the
+    step's schedule evaluated op by op at the rates alone (``alone_schedule``), when that
+    costs at most ``SCHEDULE_OPS`` ops; None when it would cost more.
+
+    A longer schedule is evaluated at ``p`` and ``2 p`` micro-batches and extended in a
+    straight line: with fixed op times a pipeline's makespan grows by the same amount per
+    micro-batch once it is past its fill (a max-plus linear system settles into a periodic
+    regime), so two short runs give its fill and its pace, and the slowest stage or a
+    pipe sets that pace, whichever does."""
+    from labsim.pipeline import make_schedule
+    from labsim.uncontended import alone_schedule, bucket_growth
+
+    plan = c.plan
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    if 2 * p * v * m <= SCHEDULE_OPS:
+        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
+        return run.ends, run.busy, run.compute_end
+    m1, m2 = p, 2 * p
+    if 2 * p * v * (m1 + m2) > SCHEDULE_OPS:
+        return None
+    growth = bucket_growth(c) if plan.overlap_grad_reduce else {}
+    a, b = (alone_schedule(c, make_schedule(plan.schedule, p, n, v), trace=False, growth=growth)
+            for n in (m1, m2))
+    k = (m - m2) / (m2 - m1)
+
+    def line(x1: float, x2: float) -> float:
+        return x2 + k * (x2 - x1)
+
+    return ([line(x, y) for x, y in zip(a.ends, b.ends)],
+            [line(x, y) for x, y in zip(a.busy, b.busy)], line(a.compute_end, b.compute_end))
 
 
 def _op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
@@ -528,7 +561,10 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     the previous layer's gradient reduction, prefetched or not, below); other meetings are
     not priced.
 
-    Pipeline makespan for per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
+    A pipeline whose schedule costs at most ``SCHEDULE_OPS`` ops to evaluate, directly or as
+    two short runs extended in a line (``_evaluated_schedule``), is evaluated op by op at the
+    rates alone; a longer one (many stages) takes the formulas.  Pipeline makespan for
+    per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
     sends' fill and drain (1F1B, interleaved: uniform stages give Narayanan et al.'s
     ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
@@ -538,8 +574,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     data-parallel links, prefetch permitting.
     """
     from labsim.memory import step_memory
-    from labsim.pipeline import in_flight_peak, make_schedule
-    from labsim.uncontended import alone_schedule
+    from labsim.pipeline import in_flight_peak
 
     c = step_costs(model, cluster, plan)
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
@@ -547,11 +582,11 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     if memory:
         mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
                           if c.zero3_gather is None else 1)
-    if c.zero3_gather is None and 2 * p * m * v <= SMALL_PIPELINE_OPS:
-        # a small pipeline: its schedule evaluated op by op at the rates alone is cheaper
-        # than the formulas' error on it
-        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
-        return result_from(c, max(run.ends), run.busy, run.compute_end, mem, None)
+    if c.zero3_gather is None:
+        run = _evaluated_schedule(c)
+        if run is not None:
+            ends, busy, compute_end = run
+            return result_from(c, max(ends), busy, compute_end, mem, None)
     n_chunks = p * v
     h = c.tp_hidden
     blocking = c.software.blocking_p2p

@@ -60,8 +60,25 @@ def _contended(c: StepCosts) -> set[int]:
     return {x for x, u in users.items() if len(u) > 1}
 
 
+def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
+    """Chunk -> (TP growth, bucket growth): how much longer a backward op's TP collectives
+    and its gradient buckets take while both move (``shared_growth``), for every chunk that
+    has both on shared pipes; what ``alone_schedule``'s closed form prices them with."""
+    growth, pairs = {}, {}  # many chunks share a pair of collectives
+    for g, (bucket, n_buckets) in enumerate(c.buckets):
+        tp = c.chunks[g].tp
+        if bucket is not None and n_buckets and tp is not None and tp.pipes:
+            key = id(tp), id(bucket)
+            if key not in pairs:
+                pairs[key] = shared_growth(tp, bucket, c.capacity)
+            if any(pairs[key]):
+                growth[g] = pairs[key]
+    return growth
+
+
 def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
-                   trace: bool = True) -> AloneRun | None:
+                   trace: bool = True, growth: dict[int, tuple[float, float]] | None = None,
+                   ) -> AloneRun | None:
     """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
     max(stage free, input arrival); buckets on a stream as backward produces them; then the
     optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
@@ -71,7 +88,8 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     evaluation: there a backward op that produces gradient buckets shares its pipes with them
     as fluids would (``shared_growth``): its TP collectives (a hidden share from the op's
     start, the rest after its compute) run at their shared rate while a bucket moves, and
-    each bucket at its shared rate while they do."""
+    each bucket at its shared rate while they do, by ``growth`` (``bucket_growth(c)``,
+    computed when not given)."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -93,12 +111,10 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
     tables = [_op_table(c, s, arrival) for s in range(p)]
-    growth = {}  # chunk -> (TP growth, bucket growth) when both move at once (closed form)
-    if bare and overlap:
-        for g, (bucket, n_buckets) in enumerate(c.buckets):
-            tp = c.chunks[g].tp
-            if bucket is not None and n_buckets and tp is not None and tp.pipes:
-                growth[g] = shared_growth(tp, bucket, c.capacity)
+    if not (bare and overlap):
+        growth = {}
+    elif growth is None:
+        growth = bucket_growth(c)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
     remaining = sum(len(o) for o in schedule)
     while remaining:
@@ -113,7 +129,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             times_s = times[s]
             while i < n:
                 kind, mb, local = ops[i]
-                fwd, g, inbox, work, tp, calls, outbox, send = table[kind, local]
+                fwd, g, inbox, work, tp, calls, busy_s, tail_s, outbox, send = table[kind, local]
                 if inbox is not None:
                     a = inbox[mb]
                     if a is None:
@@ -121,42 +137,23 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                     if a > t:
                         t = a
                 start = t
-                if tp is None:
-                    end = start + work
-                    planned = work
-                elif h:
-                    alone = tp.alone_s * calls
-                    end = start + max(work, h * alone) + (1 - h) * alone
-                    planned = end - start
-                else:
-                    alone = tp.alone_s * calls
-                    end = start + work + alone
-                    planned = work + alone
+                end = start + busy_s + tail_s
                 if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
                     bucket, n_buckets = c.buckets[g]
+                    planned = end - start if tp is not None and h else busy_s + tail_s
                     if bare and n_buckets:  # the stream's end only: run it now, in order
                         free, tau = stream_free[s], bucket.alone_s
                         g_tp, g_dp = growth.get(g, (0.0, 0.0))
                         if g_tp and tp is not None:
                             # the op's TP bytes (a hidden share from its start, the rest
-                            # after its compute, as the event engine moves them) meet each
-                            # bucket they overlap; both slow to their shared rates meanwhile
-                            alone = tp.alone_s * calls
-                            moving = 1 - tp.latency_s / tp.alone_s
-                            tail = start + max(work, h * alone)
-                            hidden = (start, start + h * alone)
-                            met_h = met_e = 0.0
-                            for k in range(n_buckets):
-                                ready = start + planned * (k + 1) / n_buckets
-                                b0 = free if free > ready else ready
-                                b1 = b0 + tau
-                                ov_h = max(0.0, min(b1, hidden[1]) - max(b0, hidden[0]))
-                                ov_e = max(0.0, min(b1, end) - max(b0, tail))
-                                met_h += ov_h
-                                met_e += ov_e
-                                free = b1 + (ov_h + ov_e) * moving * g_dp / (1 + g_dp)
-                            end = (start + max(work, h * alone + met_h * moving * g_tp)
-                                   + (1 - h) * alone + met_e * moving * g_tp)
+                            # after its compute, as the event engine moves them) meet the
+                            # buckets; both move at their shared rates meanwhile
+                            end, free = _beside_buckets(
+                                start, work, h, tp.latency_s * calls,
+                                (tp.alone_s - tp.latency_s) * calls,
+                                [start + planned * (k + 1) / n_buckets
+                                 for k in range(n_buckets)],
+                                free, bucket.latency_s, tau, g_tp, g_dp)
                         else:
                             for k in range(n_buckets):
                                 ready = start + planned * (k + 1) / n_buckets
@@ -225,6 +222,56 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     return AloneRun(ends, busy, compute_end, times, spans)
 
 
+def _beside_buckets(start: float, work: float, hidden: float, tp_latency: float,
+                    tp_moving: float, ready: list[float], free: float, latency: float,
+                    tau: float, g_tp: float, g_dp: float) -> tuple[float, float]:
+    """End of a backward op and of its gradient buckets' stream when the op's TP bytes and
+    the buckets' bytes share pipes: the event engine's two flows as fluids.
+
+    The op starts at ``start`` and computes ``work`` s; its TP collectives wait
+    ``tp_latency`` s in all and move bytes for ``tp_moving`` s alone, a ``hidden`` share of
+    each from the op's start and the rest after the compute (and after that share).  Bucket
+    k starts at the later of ``ready[k]`` and the stream's ``free``, waits ``latency``, then
+    moves bytes for ``tau - latency`` s alone.  While both move, each takes ``1 + g`` times
+    as long (``g_tp``, ``g_dp``: ``labsim.network.shared_growth``).  Returns (op end, stream
+    free)."""
+    h = hidden
+    seg_at, seg_left = ((start + h * tp_latency, h * tp_moving) if h
+                        else (start + work + tp_latency, tp_moving))
+    first = bool(h)  # moving the hidden share
+    k, n = 0, len(ready)
+    b_at = max(ready[0], free) + latency if n else float("inf")
+    b_left = tau - latency
+    t = start
+    while True:
+        tp_on, b_on = t >= seg_at, k < n and t >= b_at
+        tp_rate = 1 / (1 + g_tp) if tp_on and b_on else 1.0
+        b_rate = 1 / (1 + g_dp) if tp_on and b_on else 1.0
+        t_tp = t + seg_left / tp_rate if tp_on else seg_at
+        t_b = (t + b_left / b_rate if b_on else b_at) if k < n else float("inf")
+        t_next = min(t_tp, t_b)
+        if tp_on:
+            seg_left = 0.0 if t_next == t_tp else seg_left - (t_next - t) * tp_rate
+        if b_on:
+            b_left = 0.0 if t_next == t_b else b_left - (t_next - t) * b_rate
+        t = t_next
+        if b_on and t == t_b:  # a bucket done: the next one starts
+            free, k = t, k + 1
+            if k < n:
+                b_at, b_left = max(ready[k], free) + latency, tau - latency
+        if tp_on and t == t_tp:
+            if not first:
+                break
+            first = False
+            seg_at = max(start + work, t) + (1 - h) * tp_latency
+            seg_left = (1 - h) * tp_moving
+    if k < n:  # the rest of the buckets alone
+        free = max(b_at, t) + b_left
+        for r in ready[k + 1:]:
+            free = max(r, free) + tau
+    return t, free
+
+
 def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
     """Index of the last backward of each local chunk in ``ops`` (searched from the end)."""
     last: dict[int, int] = {}
@@ -241,9 +288,11 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
               ) -> dict[tuple[str, int], tuple]:
     """Stage ``s``'s ops by (kind, local chunk): whether a forward, the model chunk, where its
     input arrives (None: it needs none), compute seconds, its TP collective and their count,
-    where its output goes (None: nowhere) and the send that carries it (None: same stage).
+    its seconds alone as the two terms the event engine adds (compute, or compute beside the
+    hidden share of the TP collectives; then the rest of them), where its output
+    goes (None: nowhere) and the send that carries it (None: same stage).
     An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
-    p = c.plan.pp
+    p, h = c.plan.pp, c.tp_hidden
     n_chunks = p * c.plan.virtual_stages
     table = {}
     for kind in "FB":
@@ -253,11 +302,14 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
             fwd = kind == "F"
             work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
             tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+            alone = tp.alone_s * calls if tp is not None else 0.0
+            busy_s, tail_s = ((work, 0.0) if tp is None else (work, alone) if not h
+                              else (max(work, h * alone), (1 - h) * alone))
             nxt = g + 1 if fwd else g - 1
             out = 0 <= nxt < n_chunks
             need = g > 0 if fwd else g < n_chunks - 1
             table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp, calls,
-                                  arrival[kind, nxt] if out else None,
+                                  busy_s, tail_s, arrival[kind, nxt] if out else None,
                                   c.p2p.get((s, nxt % p)) if out else None)
     return table
 

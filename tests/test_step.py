@@ -446,6 +446,66 @@ def test_the_closed_form_evaluates_a_small_pipeline_without_its_trace():
     assert estimate_step(MID, labsim.dgx_a100(1), plan).step_time_s == max(full.ends)
 
 
+def _slow_sends_plan(microbatches: int):
+    """Eight interleaved stages over four PCIe boxes: a send between nodes takes longer than
+    a chunk's forward, so the interleaved rounds wait for their sends."""
+    return MID, labsim.pcie_box(4, nics_per_node=2), Plan(
+        dp=4, pp=8, schedule="interleaved", virtual_stages=2, micro_batch=1,
+        global_batch=4 * microbatches)
+
+
+@pytest.mark.parametrize("microbatches", [8, 16, 32, 64])
+def test_the_closed_form_evaluates_the_schedule_where_the_bubble_formula_misses(
+        microbatches, monkeypatch):
+    import labsim.step
+
+    model, cluster, plan = _slow_sends_plan(microbatches)
+    sim = simulate_step(model, cluster, plan, memory=False).step_time_s
+    est = estimate_step(model, cluster, plan, memory=False).step_time_s
+    assert abs(est / sim - 1) < 0.02
+    monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 0)  # the bubble formula instead
+    formula = estimate_step(model, cluster, plan, memory=False).step_time_s
+    # it has no send in the interleaved rounds: fast, by a fill that does not grow with m
+    # (-14.6, -9.5, -5.6, -3.1 %)
+    assert formula / sim - 1 < -0.025 and abs(est / sim - 1) < abs(formula / sim - 1) / 2
+
+
+@pytest.mark.parametrize("case", [
+    (_slow_sends_plan(32)),
+    (MID, labsim.dgx_a100(2), Plan(dp=4, pp=4, micro_batch=1, global_batch=4 * 120,
+                                   recompute="full")),
+    (MID, labsim.pcie_box(2), Plan(dp=4, pp=4, schedule="gpipe", micro_batch=1,
+                                   global_batch=4 * 100)),
+    (MID, labsim.pcie_box(2, nics_per_node=2), Plan(dp=16, micro_batch=1,
+                                                    global_batch=16 * 400, zero_stage=2,
+                                                    bucket_bytes=4e6)),
+], ids=["interleaved", "1f1b", "gpipe", "zero2"])
+def test_a_long_schedule_is_two_short_ones_extended_in_a_line(case):
+    # past its fill a pipeline's makespan grows by a fixed pace per micro-batch, so the
+    # closed form evaluates p and 2p micro-batches and extends the line to m
+    import labsim.step
+    from labsim.step import _evaluated_schedule
+
+    model, cluster, plan = case
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    assert 2 * p * v * m > labsim.step.SCHEDULE_OPS >= 6 * p * p * v  # the line is used
+    c = step_costs(model, cluster, plan)
+    run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
+    ends, busy, compute_end = _evaluated_schedule(c)
+    assert max(ends) == pytest.approx(max(run.ends), rel=0.003)
+    assert busy == pytest.approx(run.busy, rel=1e-9)
+    assert compute_end == pytest.approx(run.compute_end, rel=0.003)
+    assert max(ends) > 1.5 * max(alone_schedule(c, make_schedule(plan.schedule, p, 2 * p, v),
+                                                trace=False).ends)
+
+
+def test_a_pipeline_too_long_to_evaluate_gets_the_formula():
+    from labsim.step import _evaluated_schedule
+
+    plan = Plan(dp=1, pp=16, micro_batch=1, global_batch=64)
+    assert _evaluated_schedule(step_costs(MID, labsim.dgx_a100(2), plan)) is None
+
+
 def test_a_placement_is_the_one_a_fresh_network_gives():
     # a network remembers each collective's loads and time alone by kind of placement; the
     # same cost placed as a group collective, a send within a node and one between nodes
@@ -633,10 +693,29 @@ def test_gathers_beside_a_reduce_slow_only_while_both_move():
     assert longer == sorted(longer) and longer[-1] <= 2 * 1.5 + 2 * 1.0
 
 
+def test_tp_bytes_and_buckets_move_as_two_fluids():
+    from labsim.uncontended import _beside_buckets
+
+    # a bucket alone from 0.5 s; the TP bytes from 1 s: half rate each until the bucket's
+    # last 0.5 s is done at 2 s, then the TP bytes' last 0.5 s alone
+    assert _beside_buckets(0.0, 1.0, 0.0, 0.0, 1.0, [0.5], 0.0, 0.0, 1.0, 1.0, 1.0) == (
+        pytest.approx(2.5), pytest.approx(2.0))
+    # no shared pipe: each alone, the TP collectives after compute and their latency
+    assert _beside_buckets(0.0, 1.0, 0.0, 0.2, 1.0, [0.5, 0.6], 0.0, 0.1, 1.0, 0.0, 0.0) == (
+        pytest.approx(2.2), pytest.approx(2.5))
+    # half hidden: its 0.5 s beside the bucket from the start (1 s), the rest after compute
+    assert _beside_buckets(0.0, 2.0, 0.5, 0.0, 1.0, [0.0], 0.0, 0.0, 1.0, 1.0, 1.0) == (
+        pytest.approx(2.5), pytest.approx(1.5))
+    # a bucket still waiting out its latency when the TP bytes finish: the buckets alone,
+    # 1.4-1.9 s and 2.4-2.9 s
+    assert _beside_buckets(0.0, 0.0, 0.0, 0.0, 1.0, [0.9, 0.95], 0.0, 0.5, 1.0, 1.0, 1.0) == (
+        pytest.approx(1.0), pytest.approx(2.9))
+
+
 @pytest.mark.parametrize("case", [_contended_tp_plan, _zero3_plan, _unprefetched_zero3_plan])
 def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
-    # with the flows' fair shares the closed form is within 2.5 % of the event engine; with
-    # every flow at its rate alone it is 8-13 % off
+    # with the flows' fair shares the closed form is within 2.5 % of the event engine (TP
+    # beside buckets: 0.1 %, the two fluids exactly); with every flow alone 8-13 % off
     import labsim.step
     import labsim.uncontended
 
@@ -647,7 +726,7 @@ def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
         monkeypatch.setattr(module, "shared_growth", lambda a, b, capacity: (0.0, 0.0))
     alone = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert abs(alone / sim - 1) > 0.07
-    assert abs(est / sim - 1) < 0.025
+    assert abs(est / sim - 1) < (0.001 if case is _contended_tp_plan else 0.025)
 
 
 @pytest.mark.slow
@@ -658,9 +737,9 @@ def test_estimate_step_on_pcie_boxes_agrees_with_simulate_step_mostly():
     errors = sorted(abs(estimate_step(m, c, p, memory=False).step_time_s
                         / simulate_step(m, c, p, memory=False).step_time_s - 1)
                     for m, c, p in bench.sample_plans(200, seed=0, pcie=True))
-    assert sum(e <= 0.02 for e in errors) / len(errors) >= 0.97
-    assert errors[int(0.95 * (len(errors) - 1))] <= 0.0125
-    assert errors[-1] <= 0.05
+    assert sum(e <= 0.02 for e in errors) / len(errors) >= 0.985
+    assert errors[int(0.95 * (len(errors) - 1))] <= 0.01
+    assert errors[-1] <= 0.03
 
 # -- published runs --------------------------------------------------------------------------
 @pytest.mark.slow
