@@ -502,6 +502,7 @@ def result_from(costs: StepCosts, step_s: float, busy: list[float], compute_end:
 
 
 SCHEDULE_OPS = 768  # the closed form evaluates schedules of up to this many ops op by op
+ZERO3_FLOWS = 400  # and replays ZeRO-3 micro-batches that move up to this many collectives
 BUBBLE_WEIGHT = 0.3  # interleaved bubble: 0 the average stage's pace, 1 the slowest stage's
 
 
@@ -538,6 +539,33 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
             [line(x, y) for x, y in zip(a.busy, b.busy)], line(a.compute_end, b.compute_end))
 
 
+def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
+    """End of a ZeRO-3 step's communication and of its last compute (before the optimizer),
+    from its ops replayed with the two streams as fluids (``uncontended.zero3_fluid``), when
+    that moves at most ``ZERO3_FLOWS`` collectives; None when it would move more.  1F1B
+    (forward, backward, forward, ...) is replayed for two micro-batches and extended in a
+    line: from the second on, each forward meets the previous backward's last reductions
+    alike, so every further micro-batch adds what the second did."""
+    from labsim.pipeline import make_schedule
+    from labsim.uncontended import zero3_fluid
+
+    plan = c.plan
+    m, layers = plan.microbatches, c.chunks[0].layers
+    ops = make_schedule(plan.schedule, 1, m)[0]
+    line = plan.schedule == "1f1b" and m > 2
+    if line:
+        ops = ops[:4]
+    forward, backward = c.zero3_gathers
+    per_mb = sum(forward) + sum(backward) + layers * c.zero3_units + 2
+    if per_mb * len(ops) / 2 > ZERO3_FLOWS:
+        return None
+    end, compute_end, op_ends = zero3_fluid(c, ops)
+    if line:
+        shift = (m - 2) * (op_ends[3] - op_ends[1])
+        end, compute_end = end + shift, compute_end + shift
+    return end, compute_end
+
+
 def _op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
     """An op alone: compute plus its tensor-parallel collectives (blocking or overlapped)."""
     if tp is None or not calls or not tp.pipes:
@@ -556,10 +584,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                   memory: bool = True) -> StepResult:
     """The closed-form face of ``labsim.simulate_step``: the same ``StepResult`` (no trace)
     from the same ``step_costs``, every collective at its rate alone except where two
-    streams meet on a pipe in the three ways it prices (a backward op's TP collectives beside
-    its gradient buckets, in ``labsim.uncontended.alone_schedule``; ZeRO-3's gathers beside
-    the previous layer's gradient reduction, prefetched or not, below); other meetings are
-    not priced.
+    streams meet on a pipe in the ways it prices (a backward op's TP collectives beside its
+    gradient buckets, as two fluids, in ``labsim.uncontended.alone_schedule``; ZeRO-3's
+    gather stream beside its reduce stream); other meetings are not priced.
 
     A pipeline whose schedule costs at most ``SCHEDULE_OPS`` ops to evaluate, directly or as
     two short runs extended in a line (``_evaluated_schedule``), is evaluated op by op at the
@@ -569,9 +596,12 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     sends' fill and drain (1F1B, interleaved: uniform stages give Narayanan et al.'s
     ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
-    line (``_bucket_finish``).  ZeRO-3: per layer the slower of compute and the gather (plus
-    the reduce in backward, the two moving together on shared pipes: ``_together``) on the
-    data-parallel links, prefetch permitting.
+    line (``_bucket_finish``).  ZeRO-3: replayed as the engine runs it, with the two streams'
+    bytes as fluids (``_evaluated_zero3``), when it moves at most ``ZERO3_FLOWS``
+    collectives in two micro-batches; otherwise per layer the slower of compute and the
+    gather (plus the reduce in backward, the two moving together on shared pipes:
+    ``_together``; without prefetch each layer's gathers beside the previous layer's reduce:
+    ``_gathers_beside``) on the data-parallel links.
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak
@@ -591,6 +621,11 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     h = c.tp_hidden
     blocking = c.software.blocking_p2p
     if c.zero3_gather is not None:
+        run = _evaluated_zero3(c)
+        if run is not None:
+            end, compute_end = run
+            return result_from(c, end + c.optimizer_s[0], [compute_end], compute_end, mem,
+                               None)
         step = _zero3_estimate(c, h) + c.optimizer_s[0]
         per_mb = (step - c.optimizer_s[0]) / m
         return result_from(c, step, [per_mb * m], step - c.optimizer_s[0], mem, None)

@@ -7,7 +7,10 @@ ZeRO-1/2's parameter all-gather.  That is exactly what the event engine
 (``labsim.sim.step``) computes whenever no two flows move bytes on one pipe at the same time;
 ``check=True`` finds out and answers None when some do, so ``simulate_step`` runs the events
 only for steps that need them, and ``estimate_step`` uses the same evaluation as its fast
-path.
+path, with the one meeting it prices there (a backward's TP bytes beside its gradient
+buckets, ``_beside_buckets``) as two fluids.  ``zero3_fluid`` replays a ZeRO-3 step the same
+way, its gather and reduce streams as two fluids: exactly what the engine computes when
+the step has no TP collectives.
 """
 
 from __future__ import annotations
@@ -386,3 +389,137 @@ def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> 
         lst = moving.get(x)
         if lst is not None:
             lst.append((start, end))
+
+
+
+def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[float]]:
+    """A ZeRO-3 stage's ``ops`` (pp = 1) replayed as ``labsim.sim.step`` runs them, with the
+    gather stream's and the reduce stream's bytes as two fluids: each unit waits its latency
+    (and the profile's host seconds) and then moves its bytes at its rate alone, or at its
+    shared rate (``shared_growth``) while a unit of the other stream moves.  Per op: the
+    gathers of every layer queue on the gather stream (layer j's not before layer
+    j - prefetch - 1 is done), each layer's compute waits for its gather, a backward layer's
+    reduce queues on the reduce stream when it is done.  TP collectives, if any, are priced
+    alone.  Returns (end of both streams, end of the last compute, each op's end)."""
+    plan = c.plan
+    ch = c.chunks[0]
+    layers, k = ch.layers, plan.zero3_prefetch
+    counts_f, counts_b = c.zero3_gathers
+    extra_g, extra_r = c.zero3_extra
+    per_layer_s, embed_s = c.zero3_gather_extra_s
+    h, inf = c.tp_hidden, float("inf")
+
+    def op_s(work: float, calls: int) -> float:
+        tp = ch.tp
+        if tp is None or not calls or not tp.pipes:
+            return work
+        alone = tp.alone_s * calls
+        return max(work, h * alone) + (1 - h) * alone if h else work + alone
+
+    def job(op: int, layer: int, gate: int, count: int, placed: Placed | None,
+            extra_s: float = 0.0) -> tuple:
+        """(op, layer or -1, layer of the gate or -1, units, latency, bytes' time alone,
+        collective) of one job on a stream."""
+        if placed is None or not count:
+            return op, layer, gate, 0, 0.0, 0.0, None
+        return (op, layer, gate, count, extra_s + placed.latency_s,
+                placed.alone_s - placed.latency_s, placed)
+
+    work = {"F": op_s((ch.t_fwd - ch.head_fwd) / layers, ch.tp_fwd // layers),
+            "B": op_s((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp_bwd // layers)}
+    gathered = [[inf] * layers for _ in ops]
+    finished = [[inf] * layers for _ in ops]
+    growth: dict[tuple[int, int], tuple[float, float]] = {}
+    # stream 0 gathers, 1 reduces: FIFO jobs; the current job, its units to go; phase 0
+    # idle, 1 waiting out a latency until ``until``, 2 moving ``left`` s of bytes alone
+    jobs: tuple[list, list] = ([], [])
+    head, units = [0, 0], [0, 0]
+    current: list = [None, None]
+    phase, until, left = [0, 0], [0.0, 0.0], [0.0, 0.0]
+    op_ends: list[float] = []
+
+    def start_op(i: int) -> None:
+        forward = ops[i][0] == "F"
+        if forward:
+            jobs[0].append(job(i, -1, -1, 1, extra_g, embed_s))
+        for j in range(layers):
+            jobs[0].append(job(i, j, j - k - 1, counts_f[j] if forward
+                               else counts_b[layers - 1 - j], c.zero3_gather, per_layer_s))
+
+    t, op, layer = 0.0, 0, 0
+    busy_until = inf  # the current layer's (or the head's) compute ends
+    computing = False
+    start_op(0)
+    reduce_job = job(0, -1, -1, c.zero3_units, c.zero3_reduce)
+    while True:
+        changed = True
+        while changed:  # every transition due at time t
+            changed = False
+            if op < len(ops):
+                kind = ops[op][0]
+                if not computing and layer < layers and gathered[op][layer] <= t:
+                    busy_until = t + work[kind] + (ch.head_bwd if kind == "B" and not layer
+                                                   else 0.0)
+                    computing = changed = True
+                if computing and busy_until <= t:
+                    computing, changed = False, True
+                    if layer < layers:
+                        finished[op][layer] = t
+                        if kind == "B":
+                            jobs[1].append(reduce_job)
+                        layer += 1
+                        if layer == layers and kind == "F" and ch.head_fwd:
+                            busy_until, computing = t + ch.head_fwd, True
+                    if not computing and layer == layers:
+                        if kind == "B":
+                            jobs[1].append(job(op, -1, -1, 1, extra_r))
+                        op_ends.append(t)
+                        op, layer = op + 1, 0
+                        if op < len(ops):
+                            start_op(op)
+            for s in (0, 1):
+                if phase[s] == 0:
+                    if head[s] == len(jobs[s]):
+                        continue
+                    nxt = jobs[s][head[s]]
+                    if nxt[2] >= 0 and finished[nxt[0]][nxt[2]] > t:
+                        continue  # gated
+                    head[s] += 1
+                    current[s], units[s] = nxt, nxt[3]
+                    if s == 0 and ops[nxt[0]][0] == "F" and phase[1] == 0 and \
+                            head[1] == len(jobs[1]):
+                        # a forward's gathers with no reduction about: alone, in one go
+                        units[0], phase[0] = 0, 1
+                        until[0], left[0] = t + nxt[3] * (nxt[4] + nxt[5]), 0.0
+                    changed = True
+                elif phase[s] == 1 and until[s] <= t:
+                    phase[s], changed = 2, True
+                elif phase[s] == 2 and left[s] <= 0.0:
+                    phase[s], changed = 0, True
+                if phase[s] == 0 and current[s] is not None:
+                    if units[s]:  # the job's next unit
+                        units[s] -= 1
+                        phase[s], until[s], left[s] = 1, t + current[s][4], current[s][5]
+                    else:  # the job is done
+                        done, current[s] = current[s], None
+                        if s == 0 and done[1] >= 0:
+                            gathered[done[0]][done[1]] = t
+        if phase[0] == 2 and phase[1] == 2:
+            pair = id(current[0][6]), id(current[1][6])
+            if pair not in growth:
+                growth[pair] = shared_growth(current[0][6], current[1][6], c.capacity)
+            g0, g1 = growth[pair]
+            r0, r1 = 1 / (1 + g0), 1 / (1 + g1)
+        else:
+            r0 = r1 = 1.0
+        d0 = until[0] if phase[0] == 1 else t + left[0] / r0 if phase[0] == 2 else inf
+        d1 = until[1] if phase[1] == 1 else t + left[1] / r1 if phase[1] == 2 else inf
+        t_next = min(d0, d1, busy_until if computing else inf)
+        if t_next == inf:
+            break
+        if phase[0] == 2:
+            left[0] = 0.0 if d0 == t_next else left[0] - (t_next - t) * r0
+        if phase[1] == 2:
+            left[1] = 0.0 if d1 == t_next else left[1] - (t_next - t) * r1
+        t = t_next
+    return t, op_ends[-1], op_ends

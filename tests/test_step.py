@@ -506,6 +506,61 @@ def test_a_pipeline_too_long_to_evaluate_gets_the_formula():
     assert _evaluated_schedule(step_costs(MID, labsim.dgx_a100(2), plan)) is None
 
 
+ZERO3_CASES = {
+    # each layer's gather beside the last one's reduce-scatter, bytes-bound on PCIe ports
+    "fsdp-like, PCIe, bytes-bound": (labsim.Transformer.preset("gpt2-1.5b"),
+                                     labsim.pcie_box(4, nics_per_node=2),
+                                     Plan(dp=32, micro_batch=1, global_batch=64, zero_stage=3)),
+    "DeepSpeed 2021, no prefetch": (MID, labsim.pcie_box(1), Plan(
+        dp=8, micro_batch=4, global_batch=128, zero_stage=3, recompute="selective",
+        software="deepspeed-zero3-2021")),
+    "FSDP, DGX, compute-bound": (MID, labsim.dgx_a100(2), Plan(
+        dp=16, micro_batch=2, global_batch=64, zero_stage=3, software="fsdp")),
+    "one micro-batch": (MID, labsim.pcie_box(2), Plan(dp=16, micro_batch=1, global_batch=16,
+                                                      zero_stage=3, recompute="full")),
+}
+
+
+@pytest.mark.parametrize("case", ZERO3_CASES)
+def test_the_closed_form_replays_zero3_as_the_engine_runs_it(case, monkeypatch):
+    import labsim.step
+    import labsim.uncontended
+
+    model, cluster, plan = ZERO3_CASES[case]
+    sim = simulate_step(model, cluster, plan, memory=False)
+    est = estimate_step(model, cluster, plan, memory=False)
+    assert est.step_time_s == pytest.approx(sim.step_time_s, rel=1e-9)
+    assert est.bubble_fraction == pytest.approx(sim.bubble_fraction, abs=1e-9)
+    if case.endswith("bytes-bound"):  # the streams' sharing is what makes it exact
+        monkeypatch.setattr(labsim.uncontended, "shared_growth", lambda a, b, cap: (0.0, 0.0))
+        alone = estimate_step(model, cluster, plan, memory=False).step_time_s
+        assert alone / sim.step_time_s - 1 < -0.2
+
+
+def test_zero3_micro_batches_after_the_second_repeat_the_second():
+    from labsim.pipeline import make_schedule
+    from labsim.step import _evaluated_zero3
+    from labsim.uncontended import zero3_fluid
+
+    model, cluster, plan = ZERO3_CASES["fsdp-like, PCIe, bytes-bound"]
+    plan = replace(plan, global_batch=32 * 16)
+    c = step_costs(model, cluster, plan)
+    end, compute_end, op_ends = zero3_fluid(c, make_schedule("1f1b", 1, 16)[0])
+    assert _evaluated_zero3(c) == pytest.approx((end, compute_end), rel=1e-12)
+    assert op_ends[3] - op_ends[1] > op_ends[1]  # the second forward meets the first's tail
+
+
+def test_a_zero3_step_too_long_to_replay_gets_the_formula():
+    import labsim.step
+    from labsim.step import _evaluated_zero3
+
+    model, cluster, plan = ZERO3_CASES["DeepSpeed 2021, no prefetch"]
+    c = step_costs(labsim.Transformer.preset("gpt2-1.5b"), cluster, plan)
+    assert _evaluated_zero3(c) is None  # 48 layers of four tensors each, gathered twice
+    assert _evaluated_zero3(step_costs(model, cluster, plan)) is not None
+    assert labsim.step.ZERO3_FLOWS < 2 * (2 * 4 * 48 + 4 * 48)
+
+
 def test_a_placement_is_the_one_a_fresh_network_gives():
     # a network remembers each collective's loads and time alone by kind of placement; the
     # same cost placed as a group collective, a send within a node and one between nodes
