@@ -5,6 +5,7 @@
     python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
+    python benchmarks/step.py --agreement 1000 --seed 1   # the held-out sweep
     python benchmarks/step.py --sweep      # the fsdp profiles on llm-foundry's whole sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
@@ -191,10 +192,10 @@ def sample_plans(n: int, seed: int = 0, pcie: bool = False):
     return out
 
 
-def agreement(n: int) -> None:
+def agreement(n: int, seed: int) -> None:
     for pcie in (False, True):
         errors = []
-        for model, cluster, plan in sample_plans(n, seed=0, pcie=pcie):
+        for model, cluster, plan in sample_plans(n, seed=seed, pcie=pcie):
             s = simulate_step(model, cluster, plan, memory=False).step_time_s
             e = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
             errors.append(abs(e / s - 1))
@@ -244,6 +245,7 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="--agreement: the plans' seed")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("-v", "--verbose", action="store_true", help="--sweep: every run")
     parser.add_argument("--repeat", type=int, default=3)
@@ -255,7 +257,7 @@ def main() -> None:
     elif args.speed:
         speed(args.repeat, args.estimate_repeat or args.repeat)
     elif args.agreement:
-        agreement(args.agreement)
+        agreement(args.agreement, args.seed)
     elif args.sweep:
         sweep(args.verbose)
     else:
