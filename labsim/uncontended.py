@@ -516,6 +516,9 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
         d1 = until[1] if phase[1] == 1 else t + left[1] / r1 if phase[1] == 2 else inf
         t_next = min(d0, d1, busy_until if computing else inf)
         if t_next == inf:
+            if op < len(ops):
+                raise ValueError("the ZeRO-3 replay deadlocks: a layer waits for a gather "
+                                 "gated on a layer after it")
             break
         if phase[0] == 2:
             left[0] = 0.0 if d0 == t_next else left[0] - (t_next - t) * r0
