@@ -6,6 +6,7 @@
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
     python benchmarks/step.py --agreement 1000 --seed 1   # the held-out sweep
+    python benchmarks/step.py --formula 60  # the long-pipeline formulas vs evaluation
     python benchmarks/step.py --sweep      # the fsdp profiles on llm-foundry's whole sweep
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
@@ -30,6 +31,7 @@ import numpy as np
 
 import labsim
 from labsim import software
+from labsim import step as labsim_step
 from labsim.plan import Plan
 from labsim.published import runs, sweep_runs
 from labsim.sim.step import simulate_step
@@ -206,6 +208,56 @@ def agreement(n: int, seed: int) -> None:
               f"{a[int(0.95 * (len(a) - 1))]:.2%}, max {a[-1]:.2%}, within 2 %: {within:.1%}")
 
 
+def long_pipelines(n: int, seed: int = 0):
+    """``n`` random interleaved pipelines too long for ``estimate_step`` to evaluate (4-16
+    stages, 2-12 virtual stages, more than ``SCHEDULE_OPS`` ops), on DGX A100 / H100 nodes
+    and PCIe boxes."""
+    rng = np.random.default_rng(seed)
+    models = [labsim.Transformer(layers=48, hidden=4096, heads=32, seq_len=2048, vocab=32000),
+              labsim.Transformer.preset("llama2-7b"),
+              labsim.Transformer(layers=96, hidden=2048, heads=16, seq_len=2048, vocab=32000)]
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    out = []
+    while len(out) < n:
+        model, p, v, tp = pick(models), pick([4, 8, 16]), pick([2, 3, 4, 6, 12]), pick([1, 2, 4, 8])
+        make = pick([labsim.dgx_a100, labsim.dgx_h100,
+                     lambda nodes: labsim.pcie_box(nodes, nics_per_node=2)])
+        cluster = make(max(1, p * tp // 8) * pick([1, 2]))
+        m, mb = p * pick([1, 2, 4]), pick([1, 2])
+        if model.layers % (p * v) or model.heads % tp or cluster.world_size % (tp * p):
+            continue
+        dp = cluster.world_size // (tp * p)
+        if 2 * p * v * m <= labsim_step.SCHEDULE_OPS:
+            continue
+        out.append((model, cluster, Plan(
+            dp=dp, tp=tp, pp=p, micro_batch=mb, global_batch=dp * m * mb,
+            schedule="interleaved", virtual_stages=v, recompute=pick(["none", "selective", "full"]),
+            software=pick(["megatron-core-te", "generic", "megatron-lm-2021"]))))
+    return out
+
+
+def formula(n: int, seed: int) -> None:
+    """The formulas ``estimate_step`` falls back on, against its own op-by-op evaluation of
+    the same schedules (every flow alone in both, so only the formula differs)."""
+    errors = []
+    for model, cluster, plan in long_pipelines(n, seed):
+        est = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
+        budget = labsim_step.SCHEDULE_OPS
+        labsim_step.SCHEDULE_OPS = 10 ** 9
+        try:
+            exact = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
+        finally:
+            labsim_step.SCHEDULE_OPS = budget
+        errors.append(abs(est / exact - 1))
+    a = sorted(errors)
+    print(f"{n} long interleaved pipelines (seed {seed}): median |formula/evaluated - 1| "
+          f"{statistics.median(a):.2%}, 95th percentile {a[int(0.95 * (len(a) - 1))]:.2%}, "
+          f"max {a[-1]:.2%}, within 2 %: {sum(x <= 0.02 for x in a) / len(a):.1%}")
+
+
 def _key(run) -> tuple:
     return run.gpu, run.model.hidden, run.model.seq_len, run.gpus, run.plan.micro_batch
 
@@ -245,7 +297,9 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--speed", action="store_true")
     parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
-    parser.add_argument("--seed", type=int, default=0, help="--agreement: the plans' seed")
+    parser.add_argument("--formula", type=int, nargs="?", const=60, default=None)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="--agreement, --formula: the plans' seed")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("-v", "--verbose", action="store_true", help="--sweep: every run")
     parser.add_argument("--repeat", type=int, default=3)
@@ -258,6 +312,8 @@ def main() -> None:
         speed(args.repeat, args.estimate_repeat or args.repeat)
     elif args.agreement:
         agreement(args.agreement, args.seed)
+    elif args.formula:
+        formula(args.formula, args.seed)
     elif args.sweep:
         sweep(args.verbose)
     else:

@@ -593,8 +593,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     rates alone; a longer one (many stages) takes the formulas.  Pipeline makespan for
     per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
-    sends' fill and drain (1F1B, interleaved: uniform stages give Narayanan et al.'s
-    ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
+    sends' fill and drain, a send at every chunk boundary each way (interleaved, each of the
+    fill's v rounds waits for its p sends) (1F1B, interleaved: uniform stages give Narayanan
+    et al.'s ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
     line (``_bucket_finish``).  ZeRO-3: replayed as the engine runs it, with the two streams'
     bytes as fluids (``_evaluated_zero3``), when it moves at most ``ZERO3_FLOWS``
@@ -640,7 +641,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                    + (send_b[-1] if blocking else 0))
     stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
     stage_b = [sum(bwd[s::p]) for s in range(p)]
-    comm = 0.0 if blocking else sum(send_f[:p - 1]) + sum(send_b[1:p])
+    comm = 0.0 if blocking else sum(send_f[:n_chunks - 1]) + sum(send_b[1:n_chunks])
     if plan.schedule == "gpipe":
         pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)
                 + (m - 1) * max(stage_b) + comm)

@@ -465,9 +465,10 @@ def test_the_closed_form_evaluates_the_schedule_where_the_bubble_formula_misses(
     assert abs(est / sim - 1) < 0.02
     monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 0)  # the bubble formula instead
     formula = estimate_step(model, cluster, plan, memory=False).step_time_s
-    # it has no send in the interleaved rounds: fast, by a fill that does not grow with m
-    # (-14.6, -9.5, -5.6, -3.1 %)
-    assert formula / sim - 1 < -0.025 and abs(est / sim - 1) < abs(formula / sim - 1) / 2
+    # the sends slow the interleaved rounds past the fill too: the formula is fast by an
+    # amount that hardly grows with m (-5.7, -3.7, -2.2, -1.2 %)
+    assert abs(est / sim - 1) < abs(formula / sim - 1) / 1.5
+    assert formula / sim - 1 < (-0.035 if microbatches <= 16 else -0.01)
 
 
 @pytest.mark.parametrize("case", [
@@ -497,6 +498,19 @@ def test_a_long_schedule_is_two_short_ones_extended_in_a_line(case):
     assert compute_end == pytest.approx(run.compute_end, rel=0.003)
     assert max(ends) > 1.5 * max(alone_schedule(c, make_schedule(plan.schedule, p, 2 * p, v),
                                                 trace=False).ends)
+
+
+def test_the_formula_waits_for_a_send_at_every_chunk_boundary(monkeypatch):
+    # Nemotron-4 340B as NVIDIA ran it (TP8 PP8 v12, 16 micro-batches): 3,072 ops, past the
+    # evaluation budget; each of the interleaved fill's 12 rounds waits for 8 sends, which
+    # with only the first round's sends counted leaves the formula 2.4 % fast
+    import labsim.step
+
+    run = next(r for r in runs() if r.id == "dgxc2411_nemotron4_340b_bf16_128gpu")
+    formula = estimate_step(run.model, run.cluster, run.plan, memory=False).step_time_s
+    monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 6)
+    evaluated = estimate_step(run.model, run.cluster, run.plan, memory=False).step_time_s
+    assert formula == pytest.approx(evaluated, rel=0.01)
 
 
 def test_a_pipeline_too_long_to_evaluate_gets_the_formula():
