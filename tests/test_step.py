@@ -564,6 +564,19 @@ def test_zero3_micro_batches_after_the_second_repeat_the_second():
     assert op_ends[3] - op_ends[1] > op_ends[1]  # the second forward meets the first's tail
 
 
+def test_gpipe_zero3_micro_batches_follow_the_line_through_two_and_four():
+    from labsim.pipeline import make_schedule
+    from labsim.step import _evaluated_zero3
+    from labsim.uncontended import zero3_fluid
+
+    plan = Plan(dp=8, micro_batch=1, global_batch=8 * 12, zero_stage=3, schedule="gpipe")
+    c = step_costs(SMALL, labsim.pcie_box(1), plan)
+    end, compute_end, _ = zero3_fluid(c, make_schedule("gpipe", 1, 12)[0])
+    four, _, _ = zero3_fluid(c, make_schedule("gpipe", 1, 4)[0])
+    assert _evaluated_zero3(c) == pytest.approx((end, compute_end), rel=0.007)
+    assert end > 2.5 * four
+
+
 def test_a_zero3_step_too_long_to_replay_gets_the_formula():
     import labsim.step
     from labsim.step import _evaluated_zero3
