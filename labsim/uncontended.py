@@ -401,20 +401,15 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     j - prefetch - 1 is done), each layer's compute waits for its gather, a backward layer's
     reduce queues on the reduce stream when it is done.  TP collectives, if any, are priced
     alone.  Returns (end of both streams, end of the last compute, each op's end)."""
+    from labsim.step import _op_time
+
     plan = c.plan
     ch = c.chunks[0]
     layers, k = ch.layers, plan.zero3_prefetch
     counts_f, counts_b = c.zero3_gathers
     extra_g, extra_r = c.zero3_extra
     per_layer_s, embed_s = c.zero3_gather_extra_s
-    h, inf = c.tp_hidden, float("inf")
-
-    def op_s(work: float, calls: int) -> float:
-        tp = ch.tp
-        if tp is None or not calls or not tp.pipes:
-            return work
-        alone = tp.alone_s * calls
-        return max(work, h * alone) + (1 - h) * alone if h else work + alone
+    inf = float("inf")
 
     def job(op: int, layer: int, gate: int, count: int, placed: Placed | None,
             extra_s: float = 0.0) -> tuple:
@@ -425,8 +420,10 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
         return (op, layer, gate, count, extra_s + placed.latency_s,
                 placed.alone_s - placed.latency_s, placed)
 
-    work = {"F": op_s((ch.t_fwd - ch.head_fwd) / layers, ch.tp_fwd // layers),
-            "B": op_s((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp_bwd // layers)}
+    work = {"F": _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers,
+                          c.tp_hidden),
+            "B": _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp,
+                          ch.tp_bwd // layers, c.tp_hidden)}
     gathered = [[inf] * layers for _ in ops]
     finished = [[inf] * layers for _ in ops]
     growth: dict[tuple[int, int], tuple[float, float]] = {}
