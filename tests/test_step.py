@@ -662,6 +662,8 @@ def test_property_step_invariants(pp, m, tp, recompute, schedule):
 @given(factor=st.floats(1.0, 8.0), pp=st.sampled_from([1, 2, 4]),
        zero=st.sampled_from([0, 1, 3]), box=st.booleans())
 def test_more_bandwidth_is_never_slower(factor, pp, zero, box):
+    # where it holds: A100 nodes and a PCIe box, a small model (not everywhere: section 5 of
+    # docs/step.md and the expected failure in tests/test_collectives.py)
     if zero == 3 and pp > 1:
         zero = 1
     cluster = labsim.pcie_box(2) if box else labsim.dgx_a100(2)
@@ -671,8 +673,9 @@ def test_more_bandwidth_is_never_slower(factor, pp, zero, box):
                     nccl_Bps=cluster.intra_node.nccl_Bps * factor)
     fast = replace(cluster, intra_node=intra, inter_node=nic)
     plan = Plan(dp=16 // pp, pp=pp, global_batch=(16 // pp) * 4, zero_stage=zero)
-    slow_t = simulate_step(SMALL, cluster, plan).step_time_s
-    assert simulate_step(SMALL, fast, plan).step_time_s <= slow_t * (1 + 1e-9)
+    for face in (simulate_step, estimate_step):
+        slow_t = face(SMALL, cluster, plan).step_time_s
+        assert face(SMALL, fast, plan).step_time_s <= slow_t * (1 + 1e-9), face.__name__
 
 
 def sample_plan(data):
