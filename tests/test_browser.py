@@ -140,9 +140,38 @@ def run_all_cells(page, attempts: int = 4) -> None:
     raise AssertionError("Run All Cells did not start any cell")
 
 
+def _save(page, path: Path, wait_s: float = 30.0) -> dict:
+    """Save the open notebook (Ctrl+S) and return it as written, once its file has changed
+    (or after ``wait_s``: an unchanged notebook may not be written again)."""
+    before = path.stat().st_mtime_ns
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + wait_s
+    while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    while True:  # the new mtime can come before the last byte: read until it parses
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _progress(nb: dict) -> tuple[int, int, bool]:
+    """(code cells run, code cells, whether one raised) of a saved notebook."""
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    raised = any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
+    return sum(1 for c in code if c.get("execution_count")), len(code), raised
+
+
 def open_and_run_all(browser, server, relpath: str):
-    """Open a notebook in JupyterLab, run all cells from the Run menu, wait, save; return the
-    page and the saved notebook."""
+    """Open a notebook in JupyterLab, run all cells from the Run menu, wait until every code
+    cell has run (or one raised), save; return the page and the saved notebook.
+
+    Progress is read from the saved notebook, not from the page: JupyterLab renders only the
+    cells near the viewport, so the page cannot tell whether the cells below have run.  A
+    run that stalls with the kernel idle (a "Select Kernel" dialog can swallow it when it
+    comes up after Run All) is answered and asked for again."""
     base, token = server[0].split("|")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     workspace = Path(relpath).stem  # a fresh workspace: only this notebook is open
@@ -150,26 +179,24 @@ def open_and_run_all(browser, server, relpath: str):
     page.wait_for_selector(f"{PANEL} .jp-Cell", timeout=120_000)
     page.wait_for_selector(IDLE, timeout=120_000)
     run_all_cells(page)
-    page.wait_for_function(
-        "() => { const p = Array.from(document.querySelectorAll("
-        f"'{PANEL} .jp-InputPrompt'));"
-        " return p.length > 0 && !p.some(e => e.textContent.includes('*'))"
-        " && p.some(e => /\\[\\d+\\]/.test(e.textContent)); }",
-        timeout=RUN_TIMEOUT_MS)
-    page.wait_for_selector(IDLE, timeout=RUN_TIMEOUT_MS)
     path = server[1] / relpath
-    before = path.stat().st_mtime_ns
-    page.keyboard.press("Control+s")
-    deadline = time.monotonic() + 30
-    while path.stat().st_mtime_ns == before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    while True:  # the new mtime can come before the last byte: read until it parses
-        try:
-            return page, json.loads(path.read_text())
-        except json.JSONDecodeError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    deadline = time.monotonic() + RUN_TIMEOUT_MS / 1000
+    last, stalled, reruns = -1, 0, 0
+    while True:
+        page.wait_for_timeout(1000)
+        _accept_kernel_dialog(page)
+        nb = _save(page, path, wait_s=5.0)
+        done, total, raised = _progress(nb)
+        if raised or done == total or time.monotonic() > deadline:
+            break
+        idle = page.locator(IDLE).count() > 0
+        stalled = stalled + 1 if idle and done == last else 0
+        last = done
+        if stalled >= 5 and reruns < 2:  # idle for 5 s with cells left: the run was lost
+            run_all_cells(page)
+            stalled, reruns = 0, reruns + 1
+    page.wait_for_selector(IDLE, timeout=RUN_TIMEOUT_MS)
+    return page, _save(page, path, wait_s=5.0)
 
 
 def widget_snapshot(page) -> str:
