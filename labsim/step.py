@@ -530,13 +530,15 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
     growth = bucket_growth(c) if plan.overlap_grad_reduce else {}
     a, b = (alone_schedule(c, make_schedule(plan.schedule, p, n, v), trace=False, growth=growth)
             for n in (m1, m2))
-    k = (m - m2) / (m2 - m1)
+    return ([_line(x, y, m1, m2, m) for x, y in zip(a.ends, b.ends)],
+            [_line(x, y, m1, m2, m) for x, y in zip(a.busy, b.busy)],
+            _line(a.compute_end, b.compute_end, m1, m2, m))
 
-    def line(x1: float, x2: float) -> float:
-        return x2 + k * (x2 - x1)
 
-    return ([line(x, y) for x, y in zip(a.ends, b.ends)],
-            [line(x, y) for x, y in zip(a.busy, b.busy)], line(a.compute_end, b.compute_end))
+def _line(x1: float, x2: float, m1: int, m2: int, m: int) -> float:
+    """At ``m`` micro-batches, the straight line through ``x1`` at ``m1`` and ``x2`` at
+    ``m2``."""
+    return x2 + (m - m2) / (m2 - m1) * (x2 - x1)
 
 
 def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
@@ -568,19 +570,27 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
             return None
         (e2, c2, _), (e4, c4, _) = (zero3_fluid(c, make_schedule("gpipe", 1, n)[0])
                                     for n in (2, 4))
-        return e4 + (m - 4) * (e4 - e2) / 2, c4 + (m - 4) * (c4 - c2) / 2
+        return _line(e2, e4, 2, 4, m), _line(c2, c4, 2, 4, m)
     if m * per_mb > ZERO3_FLOWS:
         return None
     end, compute_end, _ = zero3_fluid(c, make_schedule(plan.schedule, 1, m)[0])
     return end, compute_end
 
 
+def _op_terms(work: float, tp: Placed | None, calls: int, hidden: float
+              ) -> tuple[float, float]:
+    """An op alone as the two spans the event engine runs in turn: its compute (beside the
+    ``hidden`` share of its tensor-parallel collectives), then the rest of them."""
+    if tp is None or not calls or not tp.pipes:
+        return work, 0.0
+    alone = tp.alone_s * calls
+    return (max(work, hidden * alone), (1 - hidden) * alone) if hidden else (work, alone)
+
+
 def _op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
     """An op alone: compute plus its tensor-parallel collectives (blocking or overlapped)."""
-    if tp is None or not calls or not tp.pipes:
-        return work
-    alone = tp.alone_s * calls
-    return max(work, hidden * alone) + (1 - hidden) * alone if hidden else work + alone
+    busy, tail = _op_terms(work, tp, calls, hidden)
+    return busy + tail
 
 
 def _bucket_finish(free: float, t0: float, d: float, n: int, tau: float) -> float:

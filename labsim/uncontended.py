@@ -295,6 +295,8 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
     hidden share of the TP collectives; then the rest of them), where its output
     goes (None: nowhere) and the send that carries it (None: same stage).
     An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
+    from labsim.step import _op_terms
+
     p, h = c.plan.pp, c.tp_hidden
     n_chunks = p * c.plan.virtual_stages
     table = {}
@@ -305,9 +307,7 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
             fwd = kind == "F"
             work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
             tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
-            alone = tp.alone_s * calls if tp is not None else 0.0
-            busy_s, tail_s = ((work, 0.0) if tp is None else (work, alone) if not h
-                              else (max(work, h * alone), (1 - h) * alone))
+            busy_s, tail_s = _op_terms(work, tp, calls, h)
             nxt = g + 1 if fwd else g - 1
             out = 0 <= nxt < n_chunks
             need = g > 0 if fwd else g < n_chunks - 1
@@ -389,7 +389,6 @@ def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> 
         lst = moving.get(x)
         if lst is not None:
             lst.append((start, end))
-
 
 
 def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[float]]:

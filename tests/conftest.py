@@ -99,3 +99,14 @@ def tiny_course(tmp_path: Path) -> tuple[Path, Path]:
     labs.mkdir()
     nbformat.write(make_notebook(TINY_LAB), solutions / "00_tiny.ipynb")
     return solutions, labs
+
+
+def links_times(cluster, factor: float):
+    """``cluster`` with its node links and NICs ``factor`` times as fast (NCCL's view of them
+    too)."""
+    from dataclasses import replace
+
+    return replace(cluster, **{name: replace(link, bandwidth_Bps=link.bandwidth_Bps * factor,
+                                             nccl_Bps=link.nccl_Bps * factor)
+                               for name, link in (("intra_node", cluster.intra_node),
+                                                  ("inter_node", cluster.inter_node))})

@@ -22,6 +22,8 @@ from labsim.collectives.group import topology
 from labsim.collectives.tuner import latency_bandwidth, parse_choice, select
 from labsim.hardware import Link
 
+from .conftest import links_times
+
 L = Link("test", bandwidth_Bps=100.0, latency_s=1.0, source="test")  # alpha 1 s, beta 0.01 s/B
 
 
@@ -197,15 +199,6 @@ def test_costs_scale_the_right_way():
 
 
 # -- a known defect, kept visible ------------------------------------------------------------
-def _links_times(cluster: Cluster, factor: float) -> Cluster:
-    from dataclasses import replace
-
-    return replace(cluster, **{name: replace(link, bandwidth_Bps=link.bandwidth_Bps * factor,
-                                             nccl_Bps=link.nccl_Bps * factor)
-                               for name, link in (("intra_node", cluster.intra_node),
-                                                  ("inter_node", cluster.inter_node))})
-
-
 @pytest.mark.xfail(strict=True, reason=(
     "known defect (docs/step.md, section 5): twice the link bandwidth gives NCCL's channel "
     "search more channels, and the model then divides LL's capped bandwidth among more of "
@@ -217,6 +210,6 @@ def test_faster_links_never_slow_a_collective_of_fixed_algorithm_and_protocol(
         algorithm, protocol, nbytes):
     base = dgx_a100(2)
     slow = plan_collective("allreduce", nbytes, group_of(base), algorithm, protocol)
-    fast = plan_collective("allreduce", nbytes, group_of(_links_times(base, 2.0)), algorithm,
+    fast = plan_collective("allreduce", nbytes, group_of(links_times(base, 2.0)), algorithm,
                            protocol)
     assert fast.time_s <= slow.time_s * (1 + 1e-9)
