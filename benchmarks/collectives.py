@@ -5,6 +5,7 @@
     python benchmarks/collectives.py --fit      # refit the physical constants (calibration)
     python benchmarks/collectives.py --speed    # simulate_collective wall time vs GPUs
     python benchmarks/collectives.py --variants # models tried against the misses, refitted
+    python benchmarks/collectives.py --faster   # faster links never slower? (property 6)
 
 Error = measured / predicted - 1 in time, which equals predicted / measured - 1 in busbw.
 The ``--fit`` search is deterministic (fixed seed): it minimises the mean squared log error
@@ -21,10 +22,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from labsim import dgx_h100, simulate_collective
+from labsim import dgx_a100, dgx_h100, pcie_box, simulate_collective
 from labsim.collectives.group import group_of
 from labsim.collectives.nccl import PHYSICS, NcclPhysics, _frozen, _topology_of, plan_collective
-from labsim.collectives.tuner import latency_bandwidth
+from labsim.collectives.tuner import ALGOS, PROTOS, latency_bandwidth
 from labsim.published import SINGLE_PROCESS_OVERHEAD_S, nccl_tests, predict_curve
 from labsim.units import fmt_bytes
 
@@ -36,14 +37,20 @@ def errors(curve, physics=PHYSICS, single=SINGLE_PROCESS_OVERHEAD_S) -> np.ndarr
 def table(physics=PHYSICS, single=SINGLE_PROCESS_OVERHEAD_S) -> None:
     print(f"{'role':<12} {'curve':<36} {'system':<16} {'launch':<15} {'n':>3} "
           f"{'median':>7} {'max':>7} {'<=15 %':>7}")
+    within: dict[str, list[bool]] = {"calibration": [], "validation": []}
     for role in ("calibration", "validation"):
         for c in nccl_tests():
             if c.role != role:
                 continue
             e = np.abs(errors(c, physics, single))
+            within[role] += list(e <= 0.15)
             print(f"{role:<12} {c.id:<36} {c.system + ' x' + str(c.nodes):<16} "
                   f"{c.launch:<15} {len(e):>3} {np.median(e):>7.1%} {e.max():>7.1%} "
                   f"{np.mean(e <= 0.15):>7.0%}")
+    every = within["calibration"] + within["validation"]
+    print(f"within 15 %: {sum(every)} of {len(every)} points ({np.mean(every):.1%}); "
+          f"validation {sum(within['validation'])} of {len(within['validation'])} "
+          f"({np.mean(within['validation']):.1%})")
 
 
 def curves() -> None:
@@ -59,18 +66,35 @@ def curves() -> None:
                   f"{busbw(c.op, size, c.gpus, p) / 1e9:>7.2f} {m / p - 1:>+7.1%}  {choice}")
 
 
-KEYS = ("ampere", "hopper", "LL", "LL128", "Simple", "ring_fill", "tree_fill", "nvls_fill",
-        "single_us")
+KEYS = ("ampere", "hopper", "LL", "LL128", "Simple", "hopper_channel", "ring_fill",
+        "tree_fill", "nvls_fill", "single_us")
 
 
 def _physics(x: np.ndarray) -> tuple[NcclPhysics, float]:
     d = dict(zip(KEYS, x))
     scale = dict(PHYSICS.latency_scale, ampere=d["ampere"], hopper=d["hopper"],
                  blackwell=d["hopper"])
+    channel = dict(PHYSICS.channel_scale, hopper=d["hopper_channel"],
+                   blackwell=d["hopper_channel"])
     p = replace(PHYSICS, latency_scale=_frozen(scale),
-                saturation=_frozen({k: d[k] for k in ("LL", "LL128", "Simple")}),
+                channel_GBps=_frozen({k: d[k] for k in ("LL", "LL128", "Simple")}),
+                channel_scale=_frozen(channel),
                 ring_fill=d["ring_fill"], tree_fill=d["tree_fill"], nvls_fill=d["nvls_fill"])
     return p, d["single_us"] * 1e-6
+
+
+def kept() -> np.ndarray:
+    """The kept constants as a vector of ``KEYS``."""
+    return np.array([PHYSICS.latency_scale["ampere"], PHYSICS.latency_scale["hopper"],
+                     *(PHYSICS.channel_GBps[k] for k in ("LL", "LL128", "Simple")),
+                     PHYSICS.channel_scale["hopper"],
+                     PHYSICS.ring_fill, PHYSICS.tree_fill, PHYSICS.nvls_fill,
+                     SINGLE_PROCESS_OVERHEAD_S * 1e6])
+
+
+START = np.array([1.7, 1.17, 37.7, 15.0, 14.4, 1.74, 0.8, 1.55, 0.43, 14.5])  # the search's start
+LOWEST = np.array([0.3, 0.3, 2.0, 2.0, 2.0, 0.5, 0, 0, 0, 0.0])
+HIGHEST = np.array([3.0, 3.0, 80.0, 80.0, 80.0, 3.0, 10, 3, 20, 40.0])
 
 
 def fit(iterations: int) -> None:
@@ -81,9 +105,8 @@ def fit(iterations: int) -> None:
         return float(np.mean(np.concatenate(
             [np.log1p(errors(c, p, single)) ** 2 for c in calibration])))
 
-    lo = np.array([0.3, 0.3, 0.05, 0.05, 0.05, 0, 0, 0, 0.0])
-    hi = np.array([3.0, 3.0, 1.0, 1.0, 1.0, 10, 3, 20, 40.0])
-    x = np.array([1.5, 1.2, 0.6, 0.6, 0.8, 0.5, 0.25, 0.5, 14.0])
+    lo, hi = LOWEST, HIGHEST
+    x = START.copy()
     best = loss(x)
     rng = np.random.default_rng(0)
     for i in range(iterations):
@@ -151,11 +174,9 @@ def _variant_errors(curve, x: np.ndarray, combine: str, ll128_net: bool = True) 
 
 
 def variants(iterations: int) -> None:
-    base = np.array([PHYSICS.latency_scale["ampere"], PHYSICS.latency_scale["hopper"],
-                     *PHYSICS.saturation.values(), PHYSICS.ring_fill, PHYSICS.tree_fill,
-                     PHYSICS.nvls_fill, SINGLE_PROCESS_OVERHEAD_S * 1e6, 1.0, 1.0, 1.0])
-    lo = np.array([0.3, 0.3, 0.05, 0.05, 0.05, 0, 0, 0, 0.0, 0.2, 0.2, 1.0])
-    hi = np.array([3.0, 3.0, 1.0, 1.0, 1.0, 10, 3, 20, 60.0, 3.0, 3.0, 12.0])
+    base = np.concatenate([kept(), [1.0, 1.0, 1.0]])
+    lo = np.concatenate([LOWEST, [0.2, 0.2, 1.0]])
+    hi = np.concatenate([HIGHEST[:-1], [60.0, 3.0, 3.0, 12.0]])
     fifth = "together_h100_1node_ring"
     per_protocol = ("ll128_factor", "simple_factor")
     trials = (  # name, combine, extra keys fitted, start launch us, extra calibration curve
@@ -210,17 +231,73 @@ def variants(iterations: int) -> None:
                 print(f"{label:<44} {c.id:<30} {ok.sum()} of {len(ok)} within 15 %")
 
 
+def links_times(cluster, factor: float):
+    """``cluster`` with its node links and NICs ``factor`` times as fast (NCCL's view of them
+    too)."""
+    return replace(cluster, **{name: replace(link, bandwidth_Bps=link.bandwidth_Bps * factor,
+                                             nccl_Bps=link.nccl_Bps * factor)
+                               for name, link in (("intra_node", cluster.intra_node),
+                                                  ("inter_node", cluster.inter_node))})
+
+
+FASTER_CLUSTERS = (("DGX A100", dgx_a100), ("DGX H100", dgx_h100), ("PCIe box", pcie_box))
+
+
+def faster() -> None:
+    """Every collective of 1 KiB .. 4 GiB on DGX A100 / H100 and PCIe boxes of 1-16 nodes,
+    with every link 1.25-4 times as fast: how many come out slower, with the algorithm and
+    protocol fixed (the physics) and with NCCL's own choice (the tuner's pick moves too)."""
+    sizes = [2.0 ** k for k in range(10, 33, 2)]
+    fixed = [0, 0, 0.0, ""]  # cases, slower, worst, worst case
+    auto = [0, 0, 0.0, ""]
+
+    def count(tally, slow, fast, label) -> None:
+        tally[0] += 1
+        ratio = fast.time_s / slow.time_s - 1
+        if ratio > 1e-9:
+            tally[1] += 1
+            if ratio > tally[2]:
+                tally[2], tally[3] = ratio, label
+    for name, make in FASTER_CLUSTERS:
+        for nodes in (1, 2, 4, 16):
+            base = make(nodes)
+            for factor in (1.25, 1.5, 2.0, 4.0):
+                slow_group, fast_group = group_of(base), group_of(links_times(base, factor))
+                for op in ("allreduce", "allgather", "reduce_scatter"):
+                    for size in sizes:
+                        where = f"{op} {fmt_bytes(size, binary=True)} on {nodes} x {name}, " \
+                                f"links x{factor}"
+                        count(auto, plan_collective(op, size, slow_group),
+                              plan_collective(op, size, fast_group), where)
+                        for algo in ALGOS:
+                            for proto in PROTOS:
+                                try:
+                                    slow = plan_collective(op, size, slow_group, algo, proto)
+                                    fast = plan_collective(op, size, fast_group, algo, proto)
+                                except ValueError:
+                                    continue  # not supported on this topology
+                                count(fixed, slow, fast, f"{where}, {algo}/{proto}")
+    for label, (cases, slower, worst, case) in (("algorithm and protocol fixed", fixed),
+                                                ("NCCL's choice", auto)):
+        print(f"{label:<30} {slower:>5} of {cases:>5} cases slower"
+              + (f"; worst {worst:+.1%}: {case}" if slower else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--curves", action="store_true", help="print every point")
     parser.add_argument("--fit", action="store_true", help="refit the physical constants")
-    parser.add_argument("--iterations", type=int, default=1500)
+    parser.add_argument("--iterations", type=int, default=3000)
     parser.add_argument("--speed", action="store_true", help="simulation speed vs GPUs")
     parser.add_argument("--max-gpus", type=int, default=4096)
+    parser.add_argument("--faster", action="store_true",
+                        help="count collectives that faster links make slower")
     parser.add_argument("--variants", action="store_true",
                         help="refit and score the models tried against the misses")
     args = parser.parse_args()
-    if args.variants:
+    if args.faster:
+        faster()
+    elif args.variants:
         variants(args.iterations)
     elif args.fit:
         fit(args.iterations)

@@ -19,7 +19,8 @@ from labsim.collectives import (
     strided_group,
 )
 from labsim.collectives.group import topology
-from labsim.collectives.tuner import latency_bandwidth, parse_choice, select
+from labsim.collectives.nccl import _topology_of
+from labsim.collectives.tuner import ALGOS, PROTOS, latency_bandwidth, parse_choice, select
 from labsim.hardware import Link
 
 from .conftest import links_times
@@ -198,18 +199,46 @@ def test_costs_scale_the_right_way():
         estimate_collective("allreduce", 2**30, c).time_s
 
 
-# -- a known defect, kept visible ------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect (docs/step.md, section 5): twice the link bandwidth gives NCCL's channel "
-    "search more channels, and the model then divides LL's capped bandwidth among more of "
-    "them and fills a deeper pipeline: a 4 MiB Tree/LL all-reduce on two DGX A100 nodes "
-    "takes 20 % longer"))
-@pytest.mark.parametrize("algorithm, protocol, nbytes", [("tree", "LL", 4 << 20),
-                                                          ("ring", "LL", 256 << 10)])
-def test_faster_links_never_slow_a_collective_of_fixed_algorithm_and_protocol(
-        algorithm, protocol, nbytes):
+# -- more bandwidth is never slower (issue property 6) --------------------------------------
+@pytest.mark.parametrize("make, nodes", [(dgx_a100, 2), (dgx_h100, 16), (pcie_box, 16)])
+@pytest.mark.parametrize("factor", [1.25, 2.0])
+def test_faster_links_never_slow_a_collective_of_fixed_algorithm_and_protocol(make, nodes,
+                                                                              factor):
+    """Faster links give NCCL's search more channels at a lower speed each (8 x 24 GB/s ->
+    16 x 15 GB/s on two DGX A100 at 1.25x); a channel's own rate, LL's ceiling on the sum and
+    the fill at the channel's rate keep every (algorithm, protocol) at least as fast.  The
+    model before (bandwidth as a fraction of the communicator's channels, fill at the capped
+    rate) made a 4 MiB Tree/LL all-reduce on two DGX A100 20 % slower at 2x."""
+    base = make(nodes)
+    slow_group, fast_group = group_of(base), group_of(links_times(base, factor))
+    checked = 0
+    for op in ("allreduce", "allgather", "reduce_scatter"):
+        for nbytes in (2.0 ** k for k in range(10, 33, 2)):
+            for algorithm in ALGOS:
+                for protocol in PROTOS:
+                    try:
+                        slow = plan_collective(op, nbytes, slow_group, algorithm, protocol)
+                    except ValueError:
+                        continue
+                    fast = plan_collective(op, nbytes, fast_group, algorithm, protocol)
+                    assert fast.time_s <= slow.time_s * (1 + 1e-9), (op, nbytes, algorithm,
+                                                                     protocol)
+                    checked += 1
+    assert checked >= 3 * 12 * 4  # ring and tree in three protocols at least
+
+
+def test_a_channel_runs_at_its_own_rate_whatever_the_links():
+    """A small call on few channels: its bandwidth is its channels' rate, not a share of the
+    communicator's; so a 64 KiB Ring/LL all-reduce on one channel moves at the same rate on
+    links twice as fast (the search then gives 32 channels instead of 16)."""
     base = dgx_a100(2)
-    slow = plan_collective("allreduce", nbytes, group_of(base), algorithm, protocol)
-    fast = plan_collective("allreduce", nbytes, group_of(links_times(base, 2.0)), algorithm,
-                           protocol)
-    assert fast.time_s <= slow.time_s * (1 + 1e-9)
+    slow = plan_collective("allreduce", 64 << 10, group_of(base), "ring", "LL")
+    fast = plan_collective("allreduce", 64 << 10, group_of(links_times(base, 2.0)), "ring",
+                           "LL")
+    assert slow.channels == fast.channels == 1
+    assert fast.cap_Bps == pytest.approx(slow.cap_Bps, rel=1e-12)
+    # and LL's ceiling (llMaxBws) caps the sum of many channels
+    big = plan_collective("allreduce", 1 << 30, group_of(base), "ring", "LL")
+    _, ll_max = latency_bandwidth("allreduce", "ring", "LL", _topology_of(group_of(base)))
+    assert big.cap_Bps == pytest.approx(ll_max * 1e9, rel=1e-12)
+

@@ -35,10 +35,11 @@ SPEEDS_INTER = {
     "sm100": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0,
               12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
 }
-# NVLS: 16 execution channels on SM90 (transport/nvls.cc); the NVLS graph of one H100 node has
-# one head per GPU at 40 GB/s, the speed at which NCCL's formula (tuning.cc:307-323) gives the
-# ~480 GB/s all-reduce busbw NCCL's maintainers state for 8 H100 (nccl-tests issue #212).
-NVLS_HEAD_GBPS = 40.0
+# NVLS: 16 execution channels on SM90 (transport/nvls.cc); the NVLS graph has one head per GPU,
+# and every head's channel crosses every GPU's NVLink, so a head runs at the fastest speed of
+# the speed array at most the NVLink bandwidth over the heads: 40 GB/s on an H100 node, the
+# speed at which NCCL's formula (tuning.cc:307-323) gives the ~480 GB/s all-reduce busbw NCCL's
+# maintainers state for 8 H100 (nccl-tests issue #212).
 NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
 
 
@@ -148,6 +149,7 @@ def topology(group: Group) -> Topology:
     intra = c.intra_node.nccl_Bps / 1e9
     nic = c.inter_node.nccl_Bps / 1e9
     kind = "nvlink" if c.intra_node.kind == "nvlink" else "pcie"
+    nvls_inter = 0.0
     if group.nnodes == 1:
         nch, bw = _search(_speeds(cc, False), intra, lambda s: int(intra // s))
     else:
@@ -155,6 +157,8 @@ def topology(group: Group) -> Topology:
         max_bw = min(host, nic, intra)
         nch, bw = _search(_speeds(cc, True), max_bw,
                           lambda s: min(group.nics * int(nic // s), int(intra // s)))
+        # the NVLS graph: one channel per head, each head on its own NIC
+        nvls_inter = _search(_speeds(cc, True), max_bw, lambda s: 1)[1]
     if bw >= 25.0 and not (cc > 8.0 and bw < 50.0 and nch > 4):  # ncclTopoDupChannels
         dup = min(2 * nch, MAX_SEARCH_CHANNELS)
         bw /= math.ceil(dup / nch)
@@ -164,9 +168,12 @@ def topology(group: Group) -> Topology:
         channels *= 2
     nvls = c.gpu.arch in NVLS_CHANNELS and kind == "nvlink" and c.gpus_per_node > 2 \
         and group.ppn > 1
+    heads = min(32, group.ppn)
+    nvls_bw = _search(_speeds(cc, False), intra / heads, lambda s: 1)[1] if nvls else 0.0
     return Topology(
         nranks=group.nranks, nnodes=group.nnodes, arch=c.gpu.arch, intra=kind,
         ring_channels=nch, bw_intra=bw, bw_inter=bw, channels=channels,
-        nvls_heads=min(32, group.ppn) if nvls else 0, nvls_bw=NVLS_HEAD_GBPS if nvls else 0.0,
+        nvls_heads=heads if nvls else 0, nvls_bw=nvls_bw,
+        nvls_bw_inter=nvls_inter if nvls else 0.0,
         nvls_channels=NVLS_CHANNELS.get(c.gpu.arch, 16), nvswitch=kind == "nvlink",
         collnet=c.in_network_reduction, ll128_net=True)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -69,8 +69,12 @@ class NcclPhysics:
 
     latency_scale: measured small-message time over NCCL's latency estimate, per GPU
         architecture (one process per GPU);
-    saturation: fraction of the communicator's channels at which a protocol's bandwidth stops
-        growing (a call of few bytes runs on few channels, ``channels_threads``);
+    channel_GBps: what one channel (one CUDA block) moves, per protocol, in NCCL's bandwidth
+        units (GB/s per execution channel, before the protocol's factors), on an Ampere GPU;
+        ``channel_scale`` per architecture multiplies it.  A call of few bytes runs on few
+        channels (``channels_threads``), so its bandwidth is its channels' sum up to NCCL's
+        bandwidth for the whole communicator.  A property of the GPU, not of the links:
+        faster links never make a channel slower;
     ring_fill, tree_fill, nvls_fill: pipeline fill, in chunks of the protocol (for Tree per
         level: 1 + log2(nodes)), or 2 MiB pieces for NVLS.  The calibration chains are 7 GPUs
         long, so they cannot tell a fill per GPU of the chain from one per level; per level
@@ -79,26 +83,35 @@ class NcclPhysics:
     """
 
     latency_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"volta": 1.64, "ampere": 1.64, "hopper": 1.13, "blackwell": 1.13}))
-    saturation: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"LL": 0.337, "LL128": 0.600, "Simple": 0.771}))
-    ring_fill: float = 0.81
-    tree_fill: float = 1.13
-    nvls_fill: float = 0.452
+        {"volta": 1.68, "ampere": 1.68, "hopper": 1.17, "blackwell": 1.17}))
+    channel_GBps: Mapping[str, float] = field(default_factory=lambda: _frozen(
+        {"LL": 39.3, "LL128": 18.7, "Simple": 14.7}))
+    channel_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
+        {"volta": 1.0, "ampere": 1.0, "hopper": 1.86, "blackwell": 1.86}))
+    ring_fill: float = 1.46
+    tree_fill: float = 2.03
+    nvls_fill: float = 0.429
 
     def __hash__(self) -> int:
-        return hash((tuple(self.latency_scale.items()), tuple(self.saturation.items()),
-                     self.ring_fill, self.tree_fill, self.nvls_fill))
+        return hash((tuple(self.latency_scale.items()), tuple(self.channel_GBps.items()),
+                     tuple(self.channel_scale.items()), self.ring_fill, self.tree_fill,
+                     self.nvls_fill))
 
     def __reduce__(self) -> tuple:
         """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
-        return (_physics, (dict(self.latency_scale), dict(self.saturation), self.ring_fill,
-                           self.tree_fill, self.nvls_fill))
+        return (_physics, (dict(self.latency_scale), dict(self.channel_GBps),
+                           dict(self.channel_scale), self.ring_fill, self.tree_fill,
+                           self.nvls_fill))
+
+    def channel_rate_GBps(self, proto: str, topo: Topology) -> float:
+        """What one execution channel of ``proto`` moves on ``topo`` (GB/s, NCCL's units)."""
+        return self.channel_GBps[proto] * self.channel_scale[topo.arch]
 
 
-def _physics(latency_scale: dict, saturation: dict, ring: float, tree: float,
-             nvls: float) -> NcclPhysics:
-    return NcclPhysics(_frozen(latency_scale), _frozen(saturation), ring, tree, nvls)
+def _physics(latency_scale: dict, channel_GBps: dict, channel_scale: dict, ring: float,
+             tree: float, nvls: float) -> NcclPhysics:
+    return NcclPhysics(_frozen(latency_scale), _frozen(channel_GBps), _frozen(channel_scale),
+                       ring, tree, nvls)
 
 
 PHYSICS = NcclPhysics()
@@ -187,17 +200,18 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
     algo, proto, estimate = select(func, nbytes, topo, algos, protos)
     lat_us, algbw = latency_bandwidth(func, algo, proto, topo)
     nc, _ = channels_threads(algo, proto, nbytes, topo)
-    # bandwidth grows with the channels a call uses up to a fraction of the communicator's
-    # (a DGX's 24 at most: more channels never make each one slower)
-    reference = min(topo.channels, 24)
-    cap = algbw * 1e9 * (1.0 if algo.startswith("nvls") else
-                         min(1.0, nc / (physics.saturation[proto] * reference)))
+    if algo.startswith("nvls"):  # a fixed set of NVLS channels, whatever the size
+        channels_bw = algbw
+    else:  # the call's own channels, each at a channel's rate (LL's ceiling caps the sum)
+        rate = physics.channel_rate_GBps(proto, topo)
+        channels_bw = latency_bandwidth(func, algo, proto, replace(
+            topo, ring_channels=nc, bw_intra=rate, bw_inter=rate), ll_cap=False)[1]
+    cap = min(algbw, channels_bw) * 1e9
     intra, nic, depth, piece = _loads(func, algo, nbytes, group, nc, proto, physics)
     data = PROTOCOL_DATA[proto]
-    bw = min([cap] + [c / (load / data) for c, load in (
-        (group.cluster.intra_node.achieved_Bps, intra),
-        (group.cluster.inter_node.achieved_Bps, nic)) if load > 0])
-    fill = depth * piece * nc / bw
+    # the first piece of each channel crosses the pipeline at its channel's own speed: while
+    # the pipeline fills, the links carry only the leading pieces
+    fill = depth * piece / (channels_bw * 1e9 / nc)
     latency = physics.latency_scale[topo.arch] * lat_us * 1e-6 + fill
     return CollectiveCost(op, float(nbytes), group, algo, proto, nc, latency, cap,
                           intra / data, nic / data, estimate * 1e-6)

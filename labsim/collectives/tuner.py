@@ -67,7 +67,9 @@ class Topology:
     intra-node link class, and the search graphs (channels x GB/s per channel).
 
     ``channels`` is the execution channel count (``comm->nChannels``: twice the search
-    channels, ``connect.cc``); ``nvls_heads``/``nvls_bw`` the NVLS graph (0 heads: no NVLS);
+    channels, ``connect.cc``); ``nvls_heads``/``nvls_bw``/``nvls_bw_inter`` the NVLS graph
+    (0 heads: no NVLS; NVLS and NVLS-Tree read it, not the ring's graph: ``graphs[]`` of
+    ``ncclTopoTuneModel``);
     ``collnet`` whether in-network reduction (SHARP, ``NCCL_COLLNET_ENABLE=1``) is available;
     ``ll128_net`` whether LL128 may cross the network (the NIC sits on the GPU's PCIe switch).
     """
@@ -82,6 +84,7 @@ class Topology:
     channels: int
     nvls_heads: int = 0
     nvls_bw: float = 0.0
+    nvls_bw_inter: float = 0.0
     nvls_channels: int = 16
     nvswitch: bool = False
     collnet: bool = False
@@ -142,10 +145,13 @@ def supported(func: str, algo: str, proto: str, topo: Topology) -> bool:
     return True
 
 
-def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology) -> tuple[float, float]:
+def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology,
+                      ll_cap: bool = True) -> tuple[float, float]:
     """NCCL's (latency in us, algorithm bandwidth in GB/s) of (func, algo, proto) on ``topo``:
     ``comm->latencies`` and ``comm->bandwidths`` of ncclTopoTuneModel; bandwidth 0 when the
-    pair is not supported."""
+    pair is not supported.  ``ll_cap=False`` leaves out LL's ceiling on the whole bandwidth
+    (``llMaxBws``), the one cap that does not grow with the channels: what the channels
+    themselves carry."""
     if not supported(func, algo, proto, topo):
         return 0.0, 0.0
     a, k, p = topo.arch_index, topo.node_index, PROTOS.index(proto)
@@ -156,7 +162,7 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology) -> tuple
         nch = topo.nvls_heads
         intra_bw = topo.nvls_bw * NVLS_EFFICIENCY[a] * (nch - 1) / nch
         intra_bw *= 2.0 if func == "allreduce" else (ppn - 1) / ppn
-        inter_bw = topo.bw_inter * (2 if nn <= 2 and algo == "nvls_tree" else 1)
+        inter_bw = topo.nvls_bw_inter * (2 if nn <= 2 and algo == "nvls_tree" else 1)
         caps = [intra_bw] + ([inter_bw] if nn > 1 else [])
         if algo == "nvls_tree":
             caps.append(NVLS_TREE_BW[a][k])
@@ -164,14 +170,15 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology) -> tuple
     else:
         nch = topo.ring_channels
         bus = nch * (topo.bw_intra if nn <= 2 or collnet else topo.bw_inter)
+    ll_max = LL_MAX_BW[a][k] if ll_cap else math.inf
     if algo == "ring" and proto == "LL":
-        bus = min(LL_MAX_BW[a][k], bus * .5)
+        bus = min(ll_max, bus * .5)
     if algo == "ring" and proto == "LL128":
         bus = min(bus * 0.92, nch * RING_LL128_BW[a][k])
     if algo == "tree" and func == "allreduce":
         bus = min(bus * .92, nch * TREE_BW[a][k])
     if algo == "tree" and proto == "LL":
-        bus = min(bus / 3.8, LL_MAX_BW[a][k])
+        bus = min(bus / 3.8, ll_max)
     if algo == "tree" and proto == "LL128":
         bus = min(bus * (7.0 / 9.0 if nn == 1 else 120.0 / 128.0), nch * TREE_LL128_BW[a][k])
     if algo == "pat":
