@@ -10,11 +10,11 @@
    class) times a per-architecture factor, plus the pipeline fill: the first chunk crosses the
    algorithm's depth before the bytes stream (ring: ``ring_fill`` chunks; tree: ``tree_fill``
    chunks per level of the inter-node tree plus one for the chain inside each node, which
-   forwards data as it arrives; NVLS: per 2 MiB unit);
-3. **bandwidth** -- the smaller of NCCL's bandwidth for the choice (channels x per-channel
-   graph bandwidth with the protocol factors and caps) scaled by the channels the call really
-   uses (``channels_threads``: one channel per 32 KiB for Ring/Simple ...; bandwidth grows with
-   channels up to ``SATURATION_CHANNELS``), and what the links carry: ``intra_load`` bytes on
+   forwards data as it arrives; NVLS: per 2 MiB unit), each piece at its channel's own rate;
+3. **bandwidth** -- the smallest of NCCL's bandwidth for the choice (channels x per-channel
+   graph bandwidth with the protocol factors and caps), what the channels the call really
+   uses carry at a channel's own rate (``channels_threads``: one channel per 32 KiB for
+   Ring/Simple ...; ``NcclPhysics.channel_GBps``), and what the links carry: ``intra_load`` bytes on
    every member GPU's port and ``nic_load`` on every NIC the group uses, per byte of
    ``nbytes``, over the links' achieved bandwidth times the protocol's data fraction (LL 8 of
    16 bytes, LL128 120 of 128).
