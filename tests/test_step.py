@@ -660,8 +660,9 @@ def test_property_step_invariants(pp, m, tp, recompute, schedule):
 @given(factor=st.floats(1.0, 8.0), pp=st.sampled_from([1, 2, 4]),
        zero=st.sampled_from([0, 1, 3]), box=st.booleans())
 def test_more_bandwidth_is_never_slower(factor, pp, zero, box):
-    # where it holds: A100 nodes and a PCIe box, a small model (not everywhere: section 5 of
-    # docs/step.md and the expected failure in tests/test_collectives.py)
+    # A100 nodes and a PCIe box, a small model: where NCCL's own choice never moves to a
+    # slower algorithm (section 5 of docs/step.md; tests/test_collectives.py holds every fixed
+    # algorithm and protocol to it on DGX A100 / H100 and PCIe boxes)
     if zero == 3 and pp > 1:
         zero = 1
     cluster = labsim.pcie_box(2) if box else labsim.dgx_a100(2)
