@@ -24,8 +24,8 @@ import numpy as np
 
 from labsim import dgx_a100, dgx_h100, pcie_box, simulate_collective
 from labsim.collectives.group import group_of
-from labsim.collectives.nccl import PHYSICS, NcclPhysics, _frozen, _topology_of, plan_collective
-from labsim.collectives.tuner import ALGOS, PROTOS, latency_bandwidth
+from labsim.collectives.nccl import PHYSICS, NcclPhysics, _frozen, plan_collective
+from labsim.collectives.tuner import ALGOS, PROTOS
 from labsim.published import SINGLE_PROCESS_OVERHEAD_S, nccl_tests, predict_curve
 from labsim.units import fmt_bytes
 
@@ -66,8 +66,8 @@ def curves() -> None:
                   f"{busbw(c.op, size, c.gpus, p) / 1e9:>7.2f} {m / p - 1:>+7.1%}  {choice}")
 
 
-KEYS = ("ampere", "hopper", "LL", "LL128", "Simple", "hopper_channel", "ring_fill",
-        "tree_fill", "nvls_fill", "single_us")
+KEYS = ("ampere", "hopper", "ll128_latency", "simple_latency", "LL", "LL128", "Simple",
+        "hopper_channel", "ring_fill", "tree_fill", "nvls_fill", "single_us")
 
 
 def _physics(x: np.ndarray) -> tuple[NcclPhysics, float]:
@@ -76,7 +76,8 @@ def _physics(x: np.ndarray) -> tuple[NcclPhysics, float]:
                  blackwell=d["hopper"])
     channel = dict(PHYSICS.channel_scale, hopper=d["hopper_channel"],
                    blackwell=d["hopper_channel"])
-    p = replace(PHYSICS, latency_scale=_frozen(scale),
+    p = replace(PHYSICS, latency_scale=_frozen(scale), protocol_latency=_frozen(
+                    {"LL": 1.0, "LL128": d["ll128_latency"], "Simple": d["simple_latency"]}),
                 channel_GBps=_frozen({k: d[k] for k in ("LL", "LL128", "Simple")}),
                 channel_scale=_frozen(channel),
                 ring_fill=d["ring_fill"], tree_fill=d["tree_fill"], nvls_fill=d["nvls_fill"])
@@ -86,15 +87,17 @@ def _physics(x: np.ndarray) -> tuple[NcclPhysics, float]:
 def kept() -> np.ndarray:
     """The kept constants as a vector of ``KEYS``."""
     return np.array([PHYSICS.latency_scale["ampere"], PHYSICS.latency_scale["hopper"],
+                     PHYSICS.protocol_latency["LL128"], PHYSICS.protocol_latency["Simple"],
                      *(PHYSICS.channel_GBps[k] for k in ("LL", "LL128", "Simple")),
                      PHYSICS.channel_scale["hopper"],
                      PHYSICS.ring_fill, PHYSICS.tree_fill, PHYSICS.nvls_fill,
                      SINGLE_PROCESS_OVERHEAD_S * 1e6])
 
 
-START = np.array([1.7, 1.17, 37.7, 15.0, 14.4, 1.74, 0.8, 1.55, 0.43, 14.5])  # the search's start
-LOWEST = np.array([0.3, 0.3, 2.0, 2.0, 2.0, 0.5, 0, 0, 0, 0.0])
-HIGHEST = np.array([3.0, 3.0, 80.0, 80.0, 80.0, 3.0, 10, 3, 20, 40.0])
+# the search's start
+START = np.array([1.7, 1.17, 0.9, 1.04, 37.7, 15.0, 14.4, 1.74, 0.8, 1.55, 0.43, 14.5])
+LOWEST = np.array([0.3, 0.3, 0.2, 0.2, 2.0, 2.0, 2.0, 0.5, 0, 0, 0, 0.0])
+HIGHEST = np.array([3.0, 3.0, 3.0, 3.0, 80.0, 80.0, 80.0, 3.0, 10, 3, 20, 40.0])
 
 
 def fit(iterations: int) -> None:
@@ -140,32 +143,21 @@ def speed(max_gpus: int) -> None:
 
 # Models tried against the misses (docs/step.md, "What was tried"): each refitted with
 # fit()'s search on its calibration curves, then scored on every point.
-EXTRA = ("ll128_factor", "simple_factor", "launch_power")
+EXTRA = ("launch_power",)
 
 
 def _variant_errors(curve, x: np.ndarray, combine: str, ll128_net: bool = True) -> np.ndarray:
     """Errors of ``curve`` under a variant: ``combine`` is how the single-process launch meets
-    the device time ("sum", "max", or "soft": (t^p + L^p)^(1/p)); the protocol factors scale
-    LL128's and Simple's latency; ``ll128_net`` False keeps LL128 off multi-node links."""
+    the device time ("sum", "max", or "soft": (t^p + L^p)^(1/p)); ``ll128_net`` False keeps
+    LL128 off multi-node links."""
     physics, single = _physics(x[:len(KEYS)])
-    f128, fsimple, power = x[len(KEYS):]
+    (power,) = x[len(KEYS):]
     group = group_of(curve.cluster)
-    topo = _topology_of(group)
-    if not ll128_net and topo.nnodes > 1:
-        topo = replace(topo, ll128_net=False)
     out = []
     for size, measured in curve.measured_s():
-        if ll128_net or topo.nnodes == 1:
-            cost = plan_collective(curve.op, size, group, curve.algorithm, physics=physics)
-        else:
-            cost = plan_collective(curve.op, size, group, curve.algorithm, "LL,Simple",
-                                   physics=physics)
-        t = cost.time_s
-        if cost.protocol in ("LL128", "Simple") and cost.algorithm != "p2p":
-            func = curve.op if curve.op != "alltoall" else "allgather"
-            lat_us, _ = latency_bandwidth(func, cost.algorithm, cost.protocol, topo)
-            factor = f128 if cost.protocol == "LL128" else fsimple
-            t += (factor - 1) * physics.latency_scale[topo.arch] * lat_us * 1e-6
+        protocol = "auto" if ll128_net or curve.nodes == 1 else "LL,Simple"
+        t = plan_collective(curve.op, size, group, curve.algorithm, protocol,
+                            physics=physics).time_s
         if curve.launch == "single-process":
             t = (t + single if combine == "sum" else max(t, single) if combine == "max"
                  else (t ** power + single ** power) ** (1 / power))
@@ -174,30 +166,30 @@ def _variant_errors(curve, x: np.ndarray, combine: str, ll128_net: bool = True) 
 
 
 def variants(iterations: int) -> None:
-    base = np.concatenate([kept(), [1.0, 1.0, 1.0]])
-    lo = np.concatenate([LOWEST, [0.2, 0.2, 1.0]])
-    hi = np.concatenate([HIGHEST[:-1], [60.0, 3.0, 3.0, 12.0]])
+    base = np.concatenate([kept(), [1.0]])
+    lo = np.concatenate([LOWEST, [1.0]])
+    hi = np.concatenate([HIGHEST[:-1], [60.0, 12.0]])  # a floor may reach 60 us
     fifth = "together_h100_1node_ring"
-    per_protocol = ("ll128_factor", "simple_factor")
-    trials = (  # name, combine, extra keys fitted, start launch us, extra calibration curve
-        ("kept: launch added", "sum", (), None, None),
-        ("launch as a floor", "max", (), 30.0, None),
-        ("latency factor per protocol", "sum", per_protocol, None, None),
-        ("floor, latency per protocol", "max", per_protocol, 30.0, None),
-        ("smooth maximum, latency per protocol", "soft", (*per_protocol, "launch_power"),
-         30.0, None),
-        ("fifth calibration curve", "sum", (), None, fifth),
-        ("fifth curve, floor", "max", (), 30.0, fifth),
-        ("fifth curve, latency per protocol", "sum", per_protocol, None, fifth),
-        ("fifth curve, smooth maximum, per protocol", "soft", (*per_protocol, "launch_power"),
-         30.0, fifth),
+    one_factor = {"ll128_latency": 1.0, "simple_latency": 1.0}
+    trials = (  # name, combine, keys held, start launch us, extra calibration curve
+        ("kept: launch added", "sum", {}, None, None),
+        ("one latency factor for every protocol", "sum", one_factor, None, None),
+        ("launch as a floor", "max", {}, 30.0, None),
+        ("smooth maximum", "soft", {}, 30.0, None),
+        ("fifth calibration curve", "sum", {}, None, fifth),
+        ("fifth curve, floor", "max", {}, 30.0, fifth),
+        ("fifth curve, smooth maximum", "soft", {}, 30.0, fifth),
     )
     curves = nccl_tests()
     print(f"{'variant':<44} {'loss':>7} {'all <=15 %':>11} {'validation':>11}  fitted")
-    for name, combine, free, launch_us, extra in trials:
+    for name, combine, held_keys, launch_us, extra in trials:
         calibration = [c for c in curves if c.role == "calibration" or c.id == extra]
-        mask = np.array([k in KEYS or k in free for k in KEYS + EXTRA], float)
+        mask = np.array([(k in KEYS and k not in held_keys) or (k in EXTRA and combine ==
+                                                                "soft") for k in KEYS + EXTRA],
+                        float)
         x = base.copy()
+        for k, v in held_keys.items():
+            x[KEYS.index(k)] = v
         if launch_us is not None:
             x[KEYS.index("single_us")] = launch_us
         if combine == "soft":
@@ -218,10 +210,14 @@ def variants(iterations: int) -> None:
         scored = [(c, np.abs(_variant_errors(c, x, combine)) <= 0.15) for c in curves]
         every = np.concatenate([ok for _, ok in scored])
         held = np.concatenate([ok for c, ok in scored if c not in calibration])
-        shown = {"launch us": x[KEYS.index("single_us")], **{
-            k: x[len(KEYS) + EXTRA.index(k)] for k in free}}
+        shown = {"launch us": x[KEYS.index("single_us")],
+                 "LL128, Simple latency": f"{x[KEYS.index('ll128_latency')]:.3g}, "
+                                          f"{x[KEYS.index('simple_latency')]:.3g}"}
+        if combine == "soft":
+            shown["launch power"] = x[-1]
         print(f"{name:<44} {best:>7.4f} {every.mean():>10.1%} {held.mean():>10.1%}  " +
-              ", ".join(f"{k} {v:.3g}" for k, v in shown.items()))
+              ", ".join(f"{k} {v:.3g}" if not isinstance(v, str) else f"{k} {v}"
+                        for k, v in shown.items()))
     x = base.copy()
     for flag, label in ((True, "kept constants, LL128 on the network"),
                         (False, "kept constants, LL128 off the network")):
@@ -287,7 +283,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--curves", action="store_true", help="print every point")
     parser.add_argument("--fit", action="store_true", help="refit the physical constants")
-    parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--iterations", type=int, default=6000)
     parser.add_argument("--speed", action="store_true", help="simulation speed vs GPUs")
     parser.add_argument("--max-gpus", type=int, default=4096)
     parser.add_argument("--faster", action="store_true",

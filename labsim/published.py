@@ -35,7 +35,7 @@ from labsim.workload import Transformer
 # call's time (fitted with the collective constants, on the single-process calibration curve).
 # nccl-tests times back-to-back launches, so in principle the launch is a floor, not an addend;
 # the curves do not favour the floor (docs/step.md, "What was tried").
-SINGLE_PROCESS_OVERHEAD_S = 15.0e-6
+SINGLE_PROCESS_OVERHEAD_S = 12.2e-6
 SYSTEMS = {
     "dgx-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "ib-hdr", name=f"DGX A100 x{n}"),
     "dgx-h100": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr", name=f"DGX H100 x{n}"),

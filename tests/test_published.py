@@ -15,15 +15,15 @@ from .conftest import load_benchmark
 
 # curve id -> (median |error|, max |error|) reached, in percent of time (= of busbw)
 CURVE_BOUNDS = {
-    "azure_nda100v4_1node": (6, 19), "azure_msccl_ndh100v5_all_reduce": (4, 26),
-    "vp_h100_4node_ib_allreduce": (10, 33), "a100_1node_thanos_mpi": (6, 23),
-    "a100_1node_thanos_g8": (5, 29), "mscclpp_ndmv4_1node": (26, 42),
-    "gcm_a100_1node": (9, 17), "mscclpp_ndmv4_2node": (2, 20), "gcm_a100_2node": (5, 21),
-    "together_h100_1node_ring": (10, 76), "together_h100_1node_ring_slurm": (12, 39),
-    "together_h100_1node_nvls": (4, 22), "vp_h100_1node_allreduce": (3, 22),
-    "azure_ndh100v5_1node": (9, 24), "azure_ndh200v5_1node": (9, 26),
-    "azure_msccl_ndh100v5_all_gather": (12, 25), "vp_h100_4node_ib_allgather": (13, 81),
-    "coreweave_h100_8node_ib_sharp": (16, 31),
+    "azure_nda100v4_1node": (6, 19), "azure_msccl_ndh100v5_all_reduce": (5, 27),
+    "vp_h100_4node_ib_allreduce": (8, 33), "a100_1node_thanos_mpi": (10, 28),
+    "a100_1node_thanos_g8": (5, 29), "mscclpp_ndmv4_1node": (30, 48),
+    "gcm_a100_1node": (11, 19), "mscclpp_ndmv4_2node": (2, 28), "gcm_a100_2node": (5, 20),
+    "together_h100_1node_ring": (15, 89), "together_h100_1node_ring_slurm": (12, 33),
+    "together_h100_1node_nvls": (3, 19), "vp_h100_1node_allreduce": (5, 20),
+    "azure_ndh100v5_1node": (6, 35), "azure_ndh200v5_1node": (3, 23),
+    "azure_msccl_ndh100v5_all_gather": (12, 26), "vp_h100_4node_ib_allgather": (14, 100),
+    "coreweave_h100_8node_ib_sharp": (16, 30),
 }
 
 
@@ -59,8 +59,8 @@ def test_nccl_tests_curves_within_the_bounds_reached(curve):
 
 def test_most_published_points_are_within_15_percent():
     errors = [abs(m / p - 1) for c in nccl_tests() for _, m, p, _ in predict_curve(c)]
-    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.75
-    assert statistics.median(errors) <= 0.075
+    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.764
+    assert statistics.median(errors) <= 0.073
 
 
 def test_llm_foundry_sweep_is_the_readme_row_for_row():
@@ -91,23 +91,28 @@ def test_the_fsdp_profile_across_llm_foundrys_whole_sweep():
 
 
 def test_the_variants_benchmark_starts_from_the_kept_model():
-    """``benchmarks/collectives.py --variants`` scores models against the kept one: with its
-    factors at 1 and the launch added it is the kept model point for point; a floor moves only
-    single-process curves; LL128 off the network leaves no LL128 on a multi-node curve."""
+    """``benchmarks/collectives.py --variants`` scores models against the kept one: with the
+    launch added it is the kept model point for point; a floor moves only single-process
+    curves; LL128's latency factor moves exactly the LL128 points; LL128 off the network
+    leaves the 4-node all-gather better and the all-reduce worse."""
     import numpy as np
 
     bench = load_benchmark("collectives")
-    x = np.concatenate([bench.kept(), [1.0, 1.0, 1.0]])
+    x = np.concatenate([bench.kept(), [1.0]])
     for c in nccl_tests():
         kept = bench.errors(c)
         assert np.allclose(bench._variant_errors(c, x, "sum"), kept, rtol=0, atol=1e-12)
         floor = bench._variant_errors(c, x, "max")
         assert np.array_equal(floor, kept) == (c.launch != "single-process")
         slower = x.copy()
-        slower[-3] = 2.0  # LL128's latency doubled moves exactly the LL128 points
+        slower[bench.KEYS.index("ll128_latency")] *= 2.0
         moved = ~np.isclose(bench._variant_errors(c, slower, "sum"), kept, rtol=0, atol=1e-12)
         chosen = [choice.endswith("/LL128") for _, _, _, choice in predict_curve(c)]
         assert list(moved) == chosen
-    four = next(c for c in nccl_tests() if c.id == "vp_h100_4node_ib_allgather")
-    off = bench._variant_errors(four, x, "sum", ll128_net=False)
-    assert (np.abs(off) <= 0.15).sum() == 18 and (np.abs(bench.errors(four)) <= 0.15).sum() == 14
+    four = {c.id: c for c in nccl_tests() if c.nodes == 4}
+    gather, reduce = four["vp_h100_4node_ib_allgather"], four["vp_h100_4node_ib_allreduce"]
+
+    def within(curve, on):
+        return int((np.abs(bench._variant_errors(curve, x, "sum", ll128_net=on)) <= 0.15).sum())
+    assert within(gather, False) > within(gather, True)
+    assert within(reduce, False) < within(reduce, True)

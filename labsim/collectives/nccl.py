@@ -7,10 +7,11 @@
    SHARP), NVLS-Tree, CollNet (in-network reduction), PAT; LL, LL128, Simple), restricted like
    ``NCCL_ALGO`` / ``NCCL_PROTO`` when ``algorithm`` / ``protocol`` are given;
 2. **latency** -- NCCL's latency of that choice (``baseLat`` + ``hwLat`` per hop by link
-   class) times a per-architecture factor, plus the pipeline fill: the first chunk crosses the
-   algorithm's depth before the bytes stream (ring: ``ring_fill`` chunks; tree: ``tree_fill``
-   chunks per level of the inter-node tree plus one for the chain inside each node, which
-   forwards data as it arrives; NVLS: per 2 MiB unit), each piece at its channel's own rate;
+   class) times a factor per architecture and per protocol, plus the pipeline fill: the
+   first chunk crosses the algorithm's depth before the bytes stream (ring: ``ring_fill``
+   chunks; tree: ``tree_fill`` chunks per level of the inter-node tree plus one for the
+   chain inside each node, which forwards data as it arrives; NVLS: per 2 MiB unit), each
+   piece at its channel's own rate;
 3. **bandwidth** -- the smallest of NCCL's bandwidth for the choice (channels x per-channel
    graph bandwidth with the protocol factors and caps), what the channels the call really
    uses carry at a channel's own rate (``channels_threads``: one channel per 32 KiB for
@@ -68,7 +69,8 @@ class NcclPhysics:
     (``benchmarks/collectives.py --fit`` repeats the fit and prints it):
 
     latency_scale: measured small-message time over NCCL's latency estimate, per GPU
-        architecture (one process per GPU);
+        architecture (one process per GPU); ``protocol_latency`` multiplies it per protocol
+        (LL, the protocol of the smallest calls, 1);
     channel_GBps: what one channel (one CUDA block) moves, per protocol, in NCCL's bandwidth
         units (GB/s per execution channel, before the protocol's factors), on an Ampere GPU;
         ``channel_scale`` per architecture multiplies it.  A call of few bytes runs on few
@@ -83,23 +85,27 @@ class NcclPhysics:
     """
 
     latency_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"volta": 1.68, "ampere": 1.68, "hopper": 1.17, "blackwell": 1.17}))
+        {"volta": 1.87, "ampere": 1.87, "hopper": 1.18, "blackwell": 1.18}))
+    protocol_latency: Mapping[str, float] = field(default_factory=lambda: _frozen(
+        {"LL": 1.0, "LL128": 0.884, "Simple": 1.03}))
     channel_GBps: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"LL": 39.3, "LL128": 18.7, "Simple": 14.7}))
+        {"LL": 47.8, "LL128": 16.7, "Simple": 16.9}))
     channel_scale: Mapping[str, float] = field(default_factory=lambda: _frozen(
-        {"volta": 1.0, "ampere": 1.0, "hopper": 1.86, "blackwell": 1.86}))
-    ring_fill: float = 1.46
-    tree_fill: float = 2.03
-    nvls_fill: float = 0.429
+        {"volta": 1.0, "ampere": 1.0, "hopper": 2.01, "blackwell": 2.01}))
+    ring_fill: float = 1.75
+    tree_fill: float = 2.36
+    nvls_fill: float = 0.404
 
     def __hash__(self) -> int:
-        return hash((tuple(self.latency_scale.items()), tuple(self.channel_GBps.items()),
+        return hash((tuple(self.latency_scale.items()), tuple(self.protocol_latency.items()),
+                     tuple(self.channel_GBps.items()),
                      tuple(self.channel_scale.items()), self.ring_fill, self.tree_fill,
                      self.nvls_fill))
 
     def __reduce__(self) -> tuple:
         """Pickle by value (a mapping proxy cannot be pickled), e.g. to a worker process."""
-        return (_physics, (dict(self.latency_scale), dict(self.channel_GBps),
+        return (_physics, (dict(self.latency_scale), dict(self.protocol_latency),
+                           dict(self.channel_GBps),
                            dict(self.channel_scale), self.ring_fill, self.tree_fill,
                            self.nvls_fill))
 
@@ -108,10 +114,10 @@ class NcclPhysics:
         return self.channel_GBps[proto] * self.channel_scale[topo.arch]
 
 
-def _physics(latency_scale: dict, channel_GBps: dict, channel_scale: dict, ring: float,
-             tree: float, nvls: float) -> NcclPhysics:
-    return NcclPhysics(_frozen(latency_scale), _frozen(channel_GBps), _frozen(channel_scale),
-                       ring, tree, nvls)
+def _physics(latency_scale: dict, protocol_latency: dict, channel_GBps: dict,
+             channel_scale: dict, ring: float, tree: float, nvls: float) -> NcclPhysics:
+    return NcclPhysics(_frozen(latency_scale), _frozen(protocol_latency), _frozen(channel_GBps),
+                       _frozen(channel_scale), ring, tree, nvls)
 
 
 PHYSICS = NcclPhysics()
@@ -212,7 +218,8 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
     # the first piece of each channel crosses the pipeline at its channel's own speed: while
     # the pipeline fills, the links carry only the leading pieces
     fill = depth * piece / (channels_bw * 1e9 / nc)
-    latency = physics.latency_scale[topo.arch] * lat_us * 1e-6 + fill
+    latency = (physics.latency_scale[topo.arch] * physics.protocol_latency[proto] * lat_us
+               * 1e-6 + fill)
     return CollectiveCost(op, float(nbytes), group, algo, proto, nc, latency, cap,
                           intra / data, nic / data, estimate * 1e-6)
 
