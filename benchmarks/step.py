@@ -8,6 +8,7 @@
     python benchmarks/step.py --agreement 1000 --seed 1   # the held-out sweep
     python benchmarks/step.py --formula 60  # the long-pipeline formulas vs evaluation
     python benchmarks/step.py --sweep      # the fsdp profiles on llm-foundry's whole sweep
+    python benchmarks/step.py --faster     # steps that faster links make slower (property 6)
 
 Error = predicted / measured - 1 in step time.  ``--fit`` fits, for each (software profile,
 GPU generation), the profile's one fitted value (``SoftwareProfile.fitted``: the sustained
@@ -292,6 +293,34 @@ def sweep(verbose: bool) -> None:
     line("all but the calibration runs", [e for _, e, fitted in rows if not fitted])
 
 
+def faster(n: int, seed: int) -> None:
+    """``n`` sampled plans on DGX nodes and ``n`` on PCIe boxes, every link 1.25, 2 and 4 times
+    as fast: how many steps come out slower (``estimate_step``; ``simulate_step`` checks
+    each one that does), and which collective NCCL's choice moved."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_collectives", os.path.join(os.path.dirname(__file__), "collectives.py"))
+    collectives = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collectives)
+    slower, pairs = [], 0
+    for pcie in (False, True):
+        for model, cluster, plan in sample_plans(n, seed, pcie):
+            base = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
+            for factor in (1.25, 2.0, 4.0):
+                fast_cluster = collectives.links_times(cluster, factor)
+                fast = labsim.estimate_step(model, fast_cluster, plan, memory=False).step_time_s
+                pairs += 1
+                if fast > base * (1 + 1e-9):
+                    sim = (simulate_step(model, fast_cluster, plan, memory=False).step_time_s
+                           / simulate_step(model, cluster, plan, memory=False).step_time_s)
+                    slower.append((fast / base - 1, sim - 1, cluster.name, factor, plan))
+    print(f"{pairs} (plan, factor) pairs: {len(slower)} steps slower")
+    for est, sim, name, factor, plan in sorted(slower, key=lambda x: -x[0]):
+        print(f"  estimate {est:+.2%}, simulate {sim:+.2%}: {name}, links x{factor}, "
+              f"dp {plan.dp} tp {plan.tp} pp {plan.pp} ZeRO-{plan.zero_stage} {plan.software}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true")
@@ -301,6 +330,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="--agreement, --formula: the plans' seed")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--faster", type=int, nargs="?", const=300, default=None,
+                        help="plans per cluster family whose links get faster")
     parser.add_argument("-v", "--verbose", action="store_true", help="--sweep: every run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--estimate-repeat", type=int, default=None,
@@ -316,6 +347,8 @@ def main() -> None:
         formula(args.formula, args.seed)
     elif args.sweep:
         sweep(args.verbose)
+    elif args.faster:
+        faster(args.faster, args.seed)
     else:
         table()
 
