@@ -242,3 +242,17 @@ def test_a_channel_runs_at_its_own_rate_whatever_the_links():
     _, ll_max = latency_bandwidth("allreduce", "ring", "LL", _topology_of(group_of(base)))
     assert big.cap_Bps == pytest.approx(ll_max * 1e9, rel=1e-12)
 
+
+
+def test_nvls_reads_its_own_graph_not_the_rings():
+    """NCCL's NVLS and NVLS-Tree read the NVLS graph (``graphs[]`` of ncclTopoTuneModel): a
+    head at the fastest speed the NVLink carries over the heads, its NIC at the fastest the
+    NIC carries.  Faster links that give the ring more, slower channels (45 -> 30 GB/s each on
+    four DGX H100 at 1.25x) leave NVLS-Tree's NIC speed where it was."""
+    four = dgx_h100(4)
+    t = topology(group_of(four))
+    assert (t.nvls_heads, t.nvls_bw, t.nvls_bw_inter) == (8, 40.0, 48.0)
+    assert topology(group_of(dgx_h100(1), 4)).nvls_bw == 60.0  # 4 heads share the NVLink less
+    fast = topology(group_of(links_times(four, 1.25)))
+    assert fast.bw_inter < t.bw_inter and fast.nvls_bw_inter >= t.nvls_bw_inter
+    assert topology(group_of(dgx_a100(2))).nvls_heads == 0  # no NVLS before Hopper
