@@ -184,9 +184,8 @@ def variants(iterations: int) -> None:
     print(f"{'variant':<44} {'loss':>7} {'all <=15 %':>11} {'validation':>11}  fitted")
     for name, combine, held_keys, launch_us, extra in trials:
         calibration = [c for c in curves if c.role == "calibration" or c.id == extra]
-        mask = np.array([(k in KEYS and k not in held_keys) or (k in EXTRA and combine ==
-                                                                "soft") for k in KEYS + EXTRA],
-                        float)
+        # fitted: every kept constant not held; the launch exponent only where it is used
+        mask = np.array([k not in held_keys for k in KEYS] + [combine == "soft"], float)
         x = base.copy()
         for k, v in held_keys.items():
             x[KEYS.index(k)] = v
@@ -210,14 +209,13 @@ def variants(iterations: int) -> None:
         scored = [(c, np.abs(_variant_errors(c, x, combine)) <= 0.15) for c in curves]
         every = np.concatenate([ok for _, ok in scored])
         held = np.concatenate([ok for c, ok in scored if c not in calibration])
-        shown = {"launch us": x[KEYS.index("single_us")],
-                 "LL128, Simple latency": f"{x[KEYS.index('ll128_latency')]:.3g}, "
-                                          f"{x[KEYS.index('simple_latency')]:.3g}"}
+        shown = [f"launch us {x[KEYS.index('single_us')]:.3g}",
+                 f"LL128, Simple latency {x[KEYS.index('ll128_latency')]:.3g}, "
+                 f"{x[KEYS.index('simple_latency')]:.3g}"]
         if combine == "soft":
-            shown["launch power"] = x[-1]
-        print(f"{name:<44} {best:>7.4f} {every.mean():>10.1%} {held.mean():>10.1%}  " +
-              ", ".join(f"{k} {v:.3g}" if not isinstance(v, str) else f"{k} {v}"
-                        for k, v in shown.items()))
+            shown.append(f"launch power {x[-1]:.3g}")
+        print(f"{name:<44} {best:>7.4f} {every.mean():>10.1%} {held.mean():>10.1%}  "
+              + ", ".join(shown))
     x = base.copy()
     for flag, label in ((True, "kept constants, LL128 on the network"),
                         (False, "kept constants, LL128 off the network")):

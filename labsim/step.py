@@ -551,7 +551,8 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
     then every backward) is replayed for two and four micro-batches and extended in the
     line through them: a further micro-batch adds a forward and a backward inside their
     phases, though not always the same time (the reductions' backlog beside the gathers
-    alternates; the line through two micro-batches apart is within 0.7 % of the replay)."""
+    alternates; the line through two micro-batches apart stays within 1 % of the full
+    replay on the plans measured, docs/step.md)."""
     from labsim.pipeline import make_schedule
     from labsim.uncontended import zero3_fluid
 
