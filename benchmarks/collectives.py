@@ -6,6 +6,7 @@
     python benchmarks/collectives.py --speed    # simulate_collective wall time vs GPUs
     python benchmarks/collectives.py --variants # models tried against the misses, refitted
     python benchmarks/collectives.py --faster   # faster links never slower? (property 6)
+    python benchmarks/collectives.py --twins    # two measurements of one thing vs the model
 
 Error = measured / predicted - 1 in time, which equals predicted / measured - 1 in busbw.
 The ``--fit`` search is deterministic (fixed seed): it minimises the mean squared log error
@@ -277,6 +278,65 @@ def faster() -> None:
               + (f"; worst {worst:+.1%}: {case}" if slower else ""))
 
 
+def twins() -> list[tuple]:
+    """Pairs of published curves that measure the same thing (one system, node count, op,
+    algorithm and launch: nccl-tests run by different people, or twice) and the sizes both
+    measured: (curve a, curve b, [(bytes, a's seconds, b's seconds)])."""
+    same = {}
+    for c in nccl_tests():
+        same.setdefault((c.system, c.nodes, c.op, c.algorithm, c.launch), []).append(c)
+    out = []
+    for group in same.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                ta, tb = dict(a.measured_s()), dict(b.measured_s())
+                out.append((a, b, [(s, ta[s], tb[s]) for s in sorted(ta.keys() & tb.keys())]))
+    return out
+
+
+def twin_points() -> list[tuple[str, int, float, float, str]]:
+    """Every point a twin curve also measured: (curve id, bytes, the largest |difference|
+    from a twin's time at that size, the model's |error|, NCCL's choice)."""
+    spread: dict[tuple[str, int], float] = {}
+    for a, b, shared in twins():
+        for size, ta, tb in shared:
+            for mine, other, curve in ((ta, tb, a), (tb, ta, b)):
+                key = (curve.id, size)
+                spread[key] = max(spread.get(key, 0.0), abs(other / mine - 1))
+    model = {(c.id, s): (abs(m / p - 1), choice) for c in nccl_tests()
+             for s, m, p, choice in predict_curve(c)}
+    return [(cid, size, d, *model[cid, size]) for (cid, size), d in sorted(spread.items())]
+
+
+def twins_table() -> None:
+    """How far two measurements of the same thing are apart, and the model on those points:
+    where the twins agree, a miss is the model's; where they do not, 15 % is below what the
+    measurements themselves repeat to."""
+    print(f"{'curve a':<32} {'curve b':<32} {'launch':<15} {'n':>3} {'a vs b <=15 %':>14} "
+          f"{'median':>7} {'model <=15 %':>13}")
+    model = {(c.id, s): abs(m / p - 1) for c in nccl_tests() for s, m, p, _ in predict_curve(c)}
+    for a, b, shared in twins():
+        if not shared:
+            continue
+        d = np.array([abs(tb / ta - 1) for _, ta, tb in shared])
+        e = np.array([model[c.id, s] for s, _, _ in shared for c in (a, b)])
+        print(f"{a.id:<32} {b.id:<32} {a.launch:<15} {len(d):>3} {np.mean(d <= 0.15):>14.0%} "
+              f"{np.median(d):>7.1%} {np.mean(e <= 0.15):>13.0%}")
+    points = twin_points()
+    for label, keep in (("twins within 15 %", lambda d: d <= 0.15),
+                        ("twins more than 15 % apart", lambda d: d > 0.15)):
+        chosen = np.array([e for _, _, d, e, _ in points if keep(d)])
+        print(f"{label}: {len(chosen)} points, model within 15 % at "
+              f"{np.mean(chosen <= 0.15):.1%}")
+    print("the model's misses where the twins agree:")
+    for cid, size, d, e, choice in points:
+        if d <= 0.15 < e:
+            m, p = next((m, p) for s, m, p, _ in predict_curve(
+                next(c for c in nccl_tests() if c.id == cid)) if s == size)
+            print(f"  {cid:<34} {fmt_bytes(size, binary=True):>8} {m / p - 1:>+7.1%}  "
+                  f"twins {d:.1%} apart  {choice}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--curves", action="store_true", help="print every point")
@@ -288,8 +348,12 @@ def main() -> None:
                         help="count collectives that faster links make slower")
     parser.add_argument("--variants", action="store_true",
                         help="refit and score the models tried against the misses")
+    parser.add_argument("--twins", action="store_true",
+                        help="two measurements of the same thing against each other")
     args = parser.parse_args()
-    if args.faster:
+    if args.twins:
+        twins_table()
+    elif args.faster:
         faster()
     elif args.variants:
         variants(args.iterations)

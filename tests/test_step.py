@@ -6,7 +6,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import labsim
@@ -656,21 +656,37 @@ def test_property_step_invariants(pp, m, tp, recompute, schedule):
     assert more.step_time_s > r.step_time_s and more.bubble_fraction <= r.bubble_fraction + 1e-12
 
 
+def nccl_choices(model, cluster, plan) -> list[tuple]:
+    """(op, bytes, algorithm, protocol) of every collective a step runs, as NCCL picks them."""
+    c = step_costs(model, cluster, plan)
+    placed = ([b for b, _ in c.buckets] + list(c.param_gather) + list(c.p2p.values())
+              + [c.zero3_gather, c.zero3_reduce, *c.zero3_extra] + [ch.tp for ch in c.chunks])
+    return [(p.cost.op, p.nbytes, p.cost.algorithm, p.cost.protocol)
+            for p in placed if p is not None]
+
+
 @settings(max_examples=12, deadline=None)
 @given(factor=st.floats(1.0, 8.0), pp=st.sampled_from([1, 2, 4]),
        zero=st.sampled_from([0, 1, 3]), box=st.booleans())
+@example(factor=2.0, pp=1, zero=0, box=False)  # NCCL moves the buckets from Ring to Tree
 def test_more_bandwidth_is_never_slower(factor, pp, zero, box):
-    # A100 nodes and a PCIe box, a small model: where NCCL's own choice never moves to a
-    # slower algorithm (section 5 of docs/step.md; tests/test_collectives.py holds every fixed
-    # algorithm and protocol to it on DGX A100 / H100 and PCIe boxes)
+    """Faster links never slow a step whose collectives keep NCCL's choice (docs/step.md
+    section 5; tests/test_collectives.py holds every fixed algorithm and protocol to it). Where
+    NCCL's tuner moves a collective to an algorithm it estimates no slower, the physics may
+    price it slower: on two DGX A100 with links twice as fast the 24 MB gradient buckets move
+    from Ring/LL128 (274 us) to Tree/LL128 (474 us), NCCL estimating both at 215 us, and the
+    step is 2.5 % slower; such a step may lose at most 3 %."""
     if zero == 3 and pp > 1:
         zero = 1
     cluster = labsim.pcie_box(2) if box else labsim.dgx_a100(2)
     fast = links_times(cluster, factor)
     plan = Plan(dp=16 // pp, pp=pp, global_batch=(16 // pp) * 4, zero_stage=zero)
+    slow_choice, fast_choice = nccl_choices(SMALL, cluster, plan), nccl_choices(SMALL, fast, plan)
+    assert [x[:2] for x in slow_choice] == [x[:2] for x in fast_choice]
+    bound = 1e-9 if slow_choice == fast_choice else 0.03
     for face in (simulate_step, estimate_step):
         slow_t = face(SMALL, cluster, plan).step_time_s
-        assert face(SMALL, fast, plan).step_time_s <= slow_t * (1 + 1e-9), face.__name__
+        assert face(SMALL, fast, plan).step_time_s <= slow_t * (1 + bound), face.__name__
 
 
 def sample_plan(data):
@@ -848,6 +864,17 @@ def test_runs_that_trained_fit_in_memory():
     misses = [r.id for r in runs()
               if not simulate_step(r.model, r.cluster, r.plan, memory=True).fits]
     assert misses == []
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="docs/step.md section 3: DeepSpeed 0.3.16 held some "
+                   "9.5 GB or more at 529.6B that the model does not have")
+def test_the_zero3_layout_the_paper_could_not_fit_does_not_fit():
+    """Narayanan et al. 2021, Table 2 footnote: 529.6B under ZeRO-3 with micro-batch 4 did not
+    fit on 560 GPUs (the row ran on 640); the model puts it at 70.5 of 80 GB."""
+    run = next(r for r in runs() if r.id == "narayanan2021_t2_zero3_529B_640gpu")
+    plan = replace(run.plan, dp=560, global_batch=560 * 4)
+    assert not estimate_step(run.model, labsim.dgx_a100(70), plan).fits
 
 
 @pytest.mark.parametrize("face", [simulate_step, estimate_step])
