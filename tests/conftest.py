@@ -8,6 +8,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (like PYTHONHASHSEED=0 in tasks.py), so a
+# failure in CI reproduces anywhere; HYPOTHESIS_PROFILE=explore draws new ones each run.
+settings.register_profile("reproducible", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "reproducible"))
 
 ROOT = Path(__file__).resolve().parents[1]
 
