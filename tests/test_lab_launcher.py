@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
+from labsim.lab import launcher
 from labsim.lab.launcher import LaunchTimeout, WorkerError, free_port, launch
 
 from .conftest import ROOT
@@ -41,6 +43,18 @@ def test_a_notebook_function_runs_by_value_and_returns_every_rank():
     result = launch(notebook_function(), 2, args=(0.5,), kwargs={"extra": 1.0})
     assert list(result) == [10.0 * 1 + 0.5 + 1.0 + 2] * 2
     assert result.backend == "gloo" and len(result) == 2
+
+
+def test_a_port_another_process_holds_does_not_break_a_launch(monkeypatch):
+    """Two launches at once (two test workers, two kernels) may be handed the same free port;
+    the ranks meet through a file in the launch's directory, so a port held by someone else
+    changes nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(launcher, "free_port", lambda: taken.getsockname()[1])
+        result = launch(notebook_function(), 2, args=(0.5,), timeout_s=60)
+    assert list(result) == [10.0 + 0.5 + 2] * 2
 
 
 class _Proc(NamedTuple):

@@ -2,7 +2,8 @@
 
 ``launch(fn, nprocs)`` starts ``nprocs`` fresh Python processes (``python -m
 labsim.lab.worker``), each joins a ``torch.distributed`` process group (gloo on CPUs, NCCL
-when there is one CUDA GPU per worker) over a free local port, and calls
+when there is one CUDA GPU per worker), meeting through a file in the launch's own temporary
+directory (no TCP port chosen in advance that another launch could take first), and calls
 ``fn(rank, world_size, *args, **kwargs)``.  It returns every rank's return value, or raises:
 
 * ``WorkerError`` when a worker raised: the message carries that worker's traceback (the
@@ -184,7 +185,8 @@ def launch(fn: Callable[..., Any] | str, nprocs: int = 2, *, args: Sequence[Any]
             {"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {}), "backend": backend,
              # the process group's own timeout outlasts ours, so a hang always ends as
              # LaunchTimeout here, never as a gloo error racing it in a worker
-             "timeout_s": timeout_s + 60.0, "threads": threads_per_worker}))
+             "timeout_s": timeout_s + 60.0, "threads": threads_per_worker,
+             "init_method": (tmpdir / "rendezvous").as_uri()}))
         port = free_port()
         base = dict(os.environ)
         base.update(env or {})

@@ -1,7 +1,8 @@
 """The worker process of ``labsim.lab.launcher``, and the same worker under torchrun.
 
 Launched by ``launch()``::  python -m labsim.lab.worker --payload P --result R
-(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
+(RANK and WORLD_SIZE in the environment; the ranks meet through the payload's file
+``init_method``, which a port taken by another process cannot break).
 
 Under torchrun, on a real node::
 
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         torch.cuda.set_device(local)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=call.get("init_method") or "env://",
+                                rank=rank, world_size=world,
                                 timeout=timedelta(seconds=float(call["timeout_s"])))
         value = fn(rank, world, *call["args"], **call["kwargs"])
         outcome = WorkerOutcome(True, value, finished_at=time.time())
