@@ -296,14 +296,15 @@ def twins() -> list[tuple]:
 
 def twin_points() -> list[tuple[str, int, float, float, str]]:
     """Every point a twin curve also measured: (curve id, bytes, the largest |difference|
-    from a twin's time at that size, the model's |error|, NCCL's choice)."""
+    from a twin's time at that size, the model's error measured / predicted - 1, NCCL's
+    choice)."""
     spread: dict[tuple[str, int], float] = {}
     for a, b, shared in twins():
         for size, ta, tb in shared:
             for mine, other, curve in ((ta, tb, a), (tb, ta, b)):
                 key = (curve.id, size)
                 spread[key] = max(spread.get(key, 0.0), abs(other / mine - 1))
-    model = {(c.id, s): (abs(m / p - 1), choice) for c in nccl_tests()
+    model = {(c.id, s): (m / p - 1, choice) for c in nccl_tests()
              for s, m, p, choice in predict_curve(c)}
     return [(cid, size, d, *model[cid, size]) for (cid, size), d in sorted(spread.items())]
 
@@ -314,26 +315,24 @@ def twins_table() -> None:
     measurements themselves repeat to."""
     print(f"{'curve a':<32} {'curve b':<32} {'launch':<15} {'n':>3} {'a vs b <=15 %':>14} "
           f"{'median':>7} {'model <=15 %':>13}")
-    model = {(c.id, s): abs(m / p - 1) for c in nccl_tests() for s, m, p, _ in predict_curve(c)}
+    points = twin_points()
+    error = {(cid, size): abs(e) for cid, size, _, e, _ in points}
     for a, b, shared in twins():
         if not shared:
             continue
         d = np.array([abs(tb / ta - 1) for _, ta, tb in shared])
-        e = np.array([model[c.id, s] for s, _, _ in shared for c in (a, b)])
+        e = np.array([error[c.id, s] for s, _, _ in shared for c in (a, b)])
         print(f"{a.id:<32} {b.id:<32} {a.launch:<15} {len(d):>3} {np.mean(d <= 0.15):>14.0%} "
               f"{np.median(d):>7.1%} {np.mean(e <= 0.15):>13.0%}")
-    points = twin_points()
     for label, keep in (("twins within 15 %", lambda d: d <= 0.15),
                         ("twins more than 15 % apart", lambda d: d > 0.15)):
-        chosen = np.array([e for _, _, d, e, _ in points if keep(d)])
+        chosen = np.array([abs(e) for _, _, d, e, _ in points if keep(d)])
         print(f"{label}: {len(chosen)} points, model within 15 % at "
               f"{np.mean(chosen <= 0.15):.1%}")
     print("the model's misses where the twins agree:")
     for cid, size, d, e, choice in points:
-        if d <= 0.15 < e:
-            m, p = next((m, p) for s, m, p, _ in predict_curve(
-                next(c for c in nccl_tests() if c.id == cid)) if s == size)
-            print(f"  {cid:<34} {fmt_bytes(size, binary=True):>8} {m / p - 1:>+7.1%}  "
+        if d <= 0.15 < abs(e):
+            print(f"  {cid:<34} {fmt_bytes(size, binary=True):>8} {e:>+7.1%}  "
                   f"twins {d:.1%} apart  {choice}")
 
 
