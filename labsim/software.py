@@ -23,7 +23,9 @@ Fields:
   per GPT layer);
 * ``zero3_prefetch`` -- layers whose all-gather may run ahead of the one computing;
 * ``zero3_grad_op`` -- how ZeRO-3 reduces gradients: ``"reduce_scatter"`` or ``"allreduce"``
-  (DeepSpeed 0.3.x default, ``reduce_scatter: false``);
+  (DeepSpeed 0.3.x: without ``contiguous_gradients``, off by default for stage 3,
+  ``stage3.py`` ``reduce_ipg_grads`` all-reduces the flattened bucket whatever
+  ``reduce_scatter`` says);
 * ``zero3_recompute_gather`` -- with full recomputation, the recomputed forward of a layer
   gathers its parameters once more before the backward gathers them again (DeepSpeed 0.3.x:
   forward hooks release parameters after every forward, backward hooks fetch them,
