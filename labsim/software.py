@@ -43,6 +43,11 @@ Fields:
   write: the ``torch.zeros`` the gather lands in (a write), PyTorch's copy out of its flat
   buffer (a read and a write), the ``param.norm()`` that ``fetch_sub_module`` evaluates in a
   debug f-string whether or not it prints (a read): 4 in DeepSpeed 0.3.16;
+* ``zero3_gather_syncs`` -- every ZeRO-3 gather starts with a device-wide synchronisation, so
+  it waits for the gradient reductions in flight on their own stream: a reduction overlaps
+  only compute that needs no gather, never a gather (DeepSpeed 0.3.x: ``_allgather_param``
+  calls ``torch.cuda.synchronize()`` before it builds the gather, and the reductions run on
+  ``reduction_stream``, ``stage3.py`` ``allreduce_and_copy``);
 * ``zero3_reuse_distance`` -- a gathered tensor is kept (not released and gathered again) when
   its next use comes within this many parameter elements of other uses (DeepSpeed
   ``stage3_max_reuse_distance``, default 1e9 elements: ``stage3.py`` ``_keep_for_later``); 0:
@@ -96,6 +101,7 @@ class SoftwareProfile:
     zero3_recompute_gather: bool = False
     zero3_host_s_per_rank: float = 0.0
     zero3_gather_hbm_passes: float = 0.0
+    zero3_gather_syncs: bool = False
     zero3_reuse_distance: float = 0.0
     blocking_p2p: bool = False
     attention: str = "flash"
@@ -117,6 +123,9 @@ class SoftwareProfile:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+        if not isinstance(self.zero3_gather_syncs, bool):
+            raise ValueError(f"zero3_gather_syncs={self.zero3_gather_syncs!r} must be True or "
+                             "False")
         if not isinstance(self.recompute_early_stop, bool):
             raise ValueError(f"recompute_early_stop={self.recompute_early_stop!r} must be True "
                              "or False")
@@ -151,7 +160,7 @@ def _profile_from_fields(values: dict) -> SoftwareProfile:
 # Host seconds per rank per ZeRO-3 all-gather of DeepSpeed 0.3.16 on PyTorch 1.8
 # (``zero3_host_s_per_rank``): fitted on the 175B runs of Narayanan et al. 2021 Table 2
 # (``python benchmarks/step.py --fit``); the 529.6B runs are held out.
-ZERO3_HOST_S_PER_RANK_2021 = 25e-6
+ZERO3_HOST_S_PER_RANK_2021 = 20e-6
 
 # Sustained fraction of Megatron-LM 2022 on A100 (``python benchmarks/step.py --fit``, on
 # Korthikanti et al. 2022's 22B and 175B runs).
@@ -220,18 +229,20 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "one all-gather per parameter tensor, prefetch bucket 5e7 elements (less than one "
         "large tensor; every gather after torch.cuda.synchronize()), each gather a list of "
         "one view per rank (a copy launched per rank), gradients all-reduced in "
-        "5e8-element buckets, parameters fetched again for recomputation",
+        "5e8-element buckets on a stream of their own that every gather's "
+        "torch.cuda.synchronize() waits for, parameters fetched again for recomputation",
         MappingProxyType({"ampere": 0.804}), zero3_unit="tensor", zero3_prefetch=0,
         zero3_grad_op="allreduce", zero3_recompute_gather=True, bucket_bytes=1e9,
         zero3_host_s_per_rank=ZERO3_HOST_S_PER_RANK_2021, zero3_gather_hbm_passes=4,
-        zero3_reuse_distance=1e9,
+        zero3_gather_syncs=True, zero3_reuse_distance=1e9,
         attention="standard", fitted="zero3_host_s_per_rank",
         source="DeepSpeed v0.3.16 deepspeed/runtime/zero/constants.py (prefetch_bucket_size "
         "5e7, reduce_bucket_size 5e8, reduce_scatter false, param_persistence_threshold 1e5: "
         "biases and layer norms stay whole, max_reuse_distance 1e9), partition_parameters.py "
         "(_allgather_param per tensor: torch.zeros, torch.cuda.synchronize(), a list of "
         "world_size narrow views), "
-        "stage3.py (hooks; fetch_sub_module's param.norm() and synchronize); PyTorch 1.8 "
+        "stage3.py (hooks; fetch_sub_module's param.norm() and synchronize; "
+        "allreduce_and_copy on reduction_stream); PyTorch 1.8 "
         "ProcessGroupNCCL::allgather (flat buffer, one recordStream + copy_ per list "
         "element); no overlap: DeepSpeed issues #1069 / #1174 and PR #1188 (June 2021: 'the "
         "async version is not async at all'); sustained: Megatron-LM 2021's (same kernels)",

@@ -723,6 +723,14 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     moving_r = units * (c.zero3_reduce.alone_s - c.zero3_reduce.latency_s)
 
     def phase(counts: tuple[int, ...], compute: float, reduce: float) -> float:
+        if k == 0 and reduce and c.software.zero3_gather_syncs:
+            # a layer's gathers wait for the reduces in flight; a layer that gathers nothing
+            # computes beside them
+            t = free = 0.0
+            for n in reversed(counts):
+                t = (max(t, free) + n * one if n else t) + compute
+                free = max(free, t) + reduce
+            return free
         if k == 0 and reduce:  # each layer's gathers move beside the last layer's reduce
             first, *rest = reversed(counts)
             return (first * one + layers * compute + reduce + sum(

@@ -398,8 +398,9 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     shared rate (``shared_growth``) while a unit of the other stream moves.  Per op: the
     gathers of every layer queue on the gather stream (layer j's not before layer
     j - prefetch - 1 is done), each layer's compute waits for its gather, a backward layer's
-    reduce queues on the reduce stream when it is done.  TP collectives, if any, are priced
-    alone.  Returns (end of both streams, end of the last compute, each op's end)."""
+    reduce queues on the reduce stream when it is done; a profile's gathers that synchronise
+    (``zero3_gather_syncs``) wait until the reduce stream is idle.  TP collectives, if any,
+    are priced alone.  Returns (end of both streams, end of the last compute, each op's end)."""
     from labsim.step import _op_time
 
     plan = c.plan
@@ -409,6 +410,7 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     extra_g, extra_r = c.zero3_extra
     per_layer_s, embed_s = c.zero3_gather_extra_s
     inf = float("inf")
+    syncs = c.software.zero3_gather_syncs
 
     def job(op: int, layer: int, gate: int, count: int, placed: Placed | None,
             extra_s: float = 0.0) -> tuple:
@@ -480,6 +482,9 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                     nxt = jobs[s][head[s]]
                     if nxt[2] >= 0 and finished[nxt[0]][nxt[2]] > t:
                         continue  # gated
+                    if s == 0 and syncs and nxt[3] and (current[1] is not None
+                                                        or head[1] < len(jobs[1])):
+                        continue  # a gather waits for the reduces in flight
                     head[s] += 1
                     current[s], units[s] = nxt, nxt[3]
                     if s == 0 and ops[nxt[0]][0] == "F" and phase[1] == 0 and \

@@ -116,10 +116,48 @@ def test_deepspeed_2021_gathers_cost_host_work_per_rank_and_extra_hbm_passes():
         assert run(ds, nodes, estimate_step) == pytest.approx(run(ds, nodes), rel=0.02)
 
 
+def test_deepspeed_2021_gathers_wait_for_the_gradient_reductions_in_flight():
+    # every gather starts with torch.cuda.synchronize(), which waits for the all-reduces on
+    # DeepSpeed's reduction stream: in the trace no gather moves while a reduce does
+    ds = replace(PROFILES["deepspeed-zero3-2021"], zero3_reuse_distance=0)
+    unsynced = replace(ds, name="unsynced", zero3_gather_syncs=False)
+    model, cluster = labsim.Transformer.preset("gpt2-1.5b"), labsim.pcie_box(1)
+
+    def overlap_s(result) -> float:
+        comm = [(s[3], s[4], s[5]) for s in result.spans if s[1] == "dp"]
+        gathers = [(a, b) for a, b, label in comm if "gather" in label and b > a]
+        reduces = [(a, b) for a, b, label in comm if "reduce" in label and b > a]
+        return sum(max(0.0, min(b, d) - max(a, c)) for a, b in gathers for c, d in reduces)
+
+    results = {}
+    for prof in (ds, unsynced):
+        plan = Plan(dp=8, micro_batch=2, global_batch=32, zero_stage=3, recompute="full",
+                    software=prof)
+        sim = simulate_step(model, cluster, plan, memory=False)
+        est = estimate_step(model, cluster, plan, memory=False)
+        assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.02)
+        results[prof.name] = sim
+    synced, free = results[ds.name], results["unsynced"]
+    assert overlap_s(synced) == pytest.approx(0.0, abs=1e-9)
+    assert overlap_s(free) > 0.05 * free.step_time_s
+    assert synced.step_time_s > free.step_time_s
+    # a model under the reuse distance gathers nothing in backward: its reduces run beside
+    # the backward's compute, and synchronising gathers cost (almost) nothing there
+    kept = PROFILES["deepspeed-zero3-2021"]
+    assert zero3_gathers(SMALL, Plan(dp=8, global_batch=8, zero_stage=3, recompute="full",
+                                     software=kept), kept)[1] == (0,) * SMALL.layers
+    times = [simulate_step(SMALL, cluster, Plan(dp=8, global_batch=8, zero_stage=3,
+                                                recompute="full", software=prof),
+                           memory=False).step_time_s
+             for prof in (kept, replace(kept, name="unsynced", zero3_gather_syncs=False))]
+    assert times[0] == pytest.approx(times[1], rel=0.01)
+
+
 @pytest.mark.parametrize("field, value", [("zero3_host_s_per_rank", -1e-6),
                                           ("zero3_host_s_per_rank", float("inf")),
                                           ("zero3_gather_hbm_passes", -1),
                                           ("zero3_reuse_distance", float("nan")),
+                                          ("zero3_gather_syncs", 1),
                                           ("fitted", "bucket_bytes")])
 def test_a_profile_refuses_negative_costs_and_unfittable_values(field, value):
     with pytest.raises(ValueError, match=field):
@@ -739,11 +777,13 @@ def _zero3_plan():
 
 
 def _unprefetched_zero3_plan():
-    """DeepSpeed 2021's ZeRO-3 on a PCIe box: each layer's gathers beside the last one's
-    gradient all-reduce, with no prefetch."""
+    """DeepSpeed 2021's ZeRO-3 on a PCIe box, were its gathers not to synchronise the device:
+    each layer's gathers beside the last one's gradient all-reduce, with no prefetch."""
+    unsynced = replace(PROFILES["deepspeed-zero3-2021"], name="unsynced",
+                       zero3_gather_syncs=False)
     return labsim.Transformer.preset("gpt2-1.5b"), labsim.pcie_box(1), Plan(
         dp=8, micro_batch=2, global_batch=16, zero_stage=3, recompute="full",
-        software="deepspeed-zero3-2021")
+        software=unsynced)
 
 
 def test_shared_growth_is_what_fair_sharing_takes_from_each_flow():
@@ -850,8 +890,9 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     with capsys.disabled():
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
-    assert statistics.median(cal) <= 0.025 and max(cal) <= 0.075
-    assert statistics.median(held) <= 0.041 and max(held) <= 0.22
+    assert statistics.median(cal) <= 0.026 and max(cal) <= 0.075
+    assert statistics.median(held) <= 0.041 and max(held) <= 0.20
+    assert sum(e <= 0.10 for e in held) >= 26
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 9 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"

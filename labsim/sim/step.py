@@ -22,7 +22,9 @@ traffic slow each other wherever they share a GPU port or a NIC.
   ``zero3_prefetch`` layers ahead on a gather stream, each gather longer by the profile's
   work around it (host work per rank, extra HBM passes: ``StepCosts.zero3_gather_extra_s``);
   each layer's gradients are reduce-scattered (or all-reduced) after its backward on a
-  reduce stream -- every micro-batch, so accumulation does not amortise them.
+  reduce stream -- every micro-batch, so accumulation does not amortise them.  Where the
+  profile's gathers synchronise the device (``zero3_gather_syncs``), a gather starts only once
+  that stream is idle.
 
 A bucket's ready time is its share of the backward op as planned alone (the op may end later
 when links are shared).  The embedding-gradient all-reduce between first and last stage, the
@@ -271,9 +273,10 @@ class _Engine:
 
     # -- ZeRO-3 --------------------------------------------------------------------------
     def _chain(self, tail: list, placed: Placed | None, units: int, ready: simpy.Event | None,
-               label: str, extra_s: float = 0.0) -> simpy.Event:
+               label: str, extra_s: float = 0.0, after: list | None = None) -> simpy.Event:
         """Queue ``units`` flows of ``placed`` on a stream whose last event is ``tail[0]``,
-        after ``ready``, each ``extra_s`` longer (work besides the collective); return the
+        after ``ready`` and then, if given, after the last event of the stream ``after``
+        (as it is then), each ``extra_s`` longer (work besides the collective); return the
         event of their end."""
         prev, done = tail[0], self.env.event()
         tail[0] = done
@@ -283,6 +286,9 @@ class _Engine:
                 yield prev
             if ready is not None:
                 yield ready
+            while after is not None and units and after[0] is not None \
+                    and not after[0].processed:
+                yield after[0]  # a gather that synchronises waits for the reduces in flight
             start = self.env.now
             for _ in range(units):
                 yield self._flow(placed, latency=extra_s if placed is not None else 0.0)
@@ -305,20 +311,21 @@ class _Engine:
         reduce_tail: list = [None]
         busy = 0.0
         extra_g, extra_r = c.zero3_extra
+        syncs = reduce_tail if c.software.zero3_gather_syncs else None
         for kind, mb, _ in self.schedule[0]:
             forward = kind == "F"
             gathered: list[simpy.Event] = []
             finished = [env.event() for _ in range(layers)]
             if forward:
                 self._chain(gather_tail, extra_g, 1, None, f"F{mb} gather embedding",
-                            c.zero3_gather_extra_s[1])
+                            c.zero3_gather_extra_s[1], syncs)
             for j in range(layers):  # layer j's gather may start once layer j - k - 1 is done
                 gate = finished[j - k - 1] if j - k - 1 >= 0 else None
                 gathered.append(self._chain(gather_tail, c.zero3_gather,
                                             counts_f[j] if forward else
                                             counts_b[layers - 1 - j], gate,
                                             f"{kind}{mb} gather layer {j}",
-                                            c.zero3_gather_extra_s[0]))
+                                            c.zero3_gather_extra_s[0], syncs))
             t0 = env.now
             for j in range(layers):
                 yield gathered[j]
