@@ -67,11 +67,15 @@ def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
     """Chunk -> (TP growth, bucket growth): how much longer a backward op's TP collectives
     and its gradient buckets take while both move (``shared_growth``), for every chunk that
     has both on shared pipes; what ``alone_schedule``'s closed form prices them with."""
-    growth, pairs = {}, {}  # many chunks share a pair of collectives
+    # every stage's pair alike: a collective's loads and rates are its cost's on every stage
+    # (``FoldedNetwork.place``), and only which of its pipes the other one shares can differ
+    growth, pairs = {}, {}
     for g, (bucket, n_buckets) in enumerate(c.buckets):
         tp = c.chunks[g].tp
         if bucket is not None and n_buckets and tp is not None and tp.pipes:
-            key = id(tp), id(bucket)
+            b_pipes = bucket.pipes
+            key = (id(tp.cost), id(bucket.cost),
+                   tuple(b_pipes.index(x) if x in b_pipes else -1 for x in tp.pipes))
             if key not in pairs:
                 pairs[key] = shared_growth(tp, bucket, c.capacity)
             if any(pairs[key]):
@@ -104,7 +108,6 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     watch = _contended(c) if check else set()
     moving: dict[int, list[tuple[float, float]]] = {x: [] for x in watch}
     overlap = plan.overlap_grad_reduce
-    busy = [0.0] * p
     clock = [0.0] * p
     index = [0] * p
     # arrival[kind, chunk][mb]: when micro-batch mb's input of that op reaches its stage
@@ -120,19 +123,20 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
         growth = bucket_growth(c)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
     remaining = sum(len(o) for o in schedule)
+    keep = check or trace  # every op's (start, end): the overlap check and the trace use them
+    began_sum, ended_sum = [0.0] * p, [0.0] * p  # sums of the ops' starts and ends, by stage
     while remaining:
         advanced = False
         for s in range(p):
-            ops, i, t, table = schedule[s], index[s], clock[s], tables[s]
+            ops, i = schedule[s], index[s]
             n = len(ops)
             if i == n:
                 continue
-            bucket_ok = overlap
-            start_i = i
-            times_s = times[s]
+            t, table, times_s, last_s = clock[s], tables[s], times[s], last_b[s]
+            start_i, began, ended = i, began_sum[s], ended_sum[s]
             while i < n:
                 kind, mb, local = ops[i]
-                fwd, g, inbox, work, tp, calls, busy_s, tail_s, outbox, send = table[kind, local]
+                fwd, g, inbox, work, tp, calls, busy_s, tail_s, outbox, send_s = table[kind, local]
                 if inbox is not None:
                     a = inbox[mb]
                     if a is None:
@@ -141,7 +145,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                         t = a
                 start = t
                 end = start + busy_s + tail_s
-                if bucket_ok and not fwd and (zero2 or last_b[s][local] == i):
+                if overlap and not fwd and (zero2 or last_s[local] == i):
                     bucket, n_buckets = c.buckets[g]
                     planned = end - start if tp is not None and h else busy_s + tail_s
                     if bare and n_buckets:  # the stream's end only: run it now, in order
@@ -166,26 +170,28 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                         for k in range(n_buckets):
                             pending[s].append((start + planned * (k + 1) / n_buckets, bucket,
                                                k, g))
-                times_s.append(start)
-                times_s.append(end)
+                began += start
+                ended += end
+                if keep:
+                    times_s.append(start)
+                    times_s.append(end)
                 t = end
                 if outbox is not None:
-                    if send is None:
+                    if send_s is None:
                         outbox[mb] = end
                     else:
-                        arrive = outbox[mb] = end + send.alone_s
+                        arrive = outbox[mb] = end + send_s
                         if blocking:
                             t = arrive
                 i += 1
             if i > start_i:
                 remaining -= i - start_i
+                began_sum[s], ended_sum[s] = began, ended
                 advanced = True
             index[s], clock[s] = i, t
         if not advanced:
             raise ValueError("the schedule deadlocks: an op waits for a message never sent")
-    for s in range(p):
-        ts = times[s]
-        busy[s] = sum(ts[1::2]) - sum(ts[0::2])
+    busy = [b - a for a, b in zip(began_sum, ended_sum)]
     compute_end = max(clock)
     ends = []
     for s in range(p):
@@ -293,7 +299,8 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
     input arrives (None: it needs none), compute seconds, its TP collective and their count,
     its seconds alone as the two terms the event engine adds (compute, or compute beside the
     hidden share of the TP collectives; then the rest of them), where its output
-    goes (None: nowhere) and the send that carries it (None: same stage).
+    goes (None: nowhere) and the seconds alone of the send that carries it (None: same
+    stage).
     An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
     from labsim.step import _op_terms
 
@@ -310,10 +317,11 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
             busy_s, tail_s = _op_terms(work, tp, calls, h)
             nxt = g + 1 if fwd else g - 1
             out = 0 <= nxt < n_chunks
+            send = c.p2p.get((s, nxt % p)) if out else None
             need = g > 0 if fwd else g < n_chunks - 1
             table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp, calls,
                                   busy_s, tail_s, arrival[kind, nxt] if out else None,
-                                  c.p2p.get((s, nxt % p)) if out else None)
+                                  send.alone_s if out and send is not None else None)
     return table
 
 
@@ -412,13 +420,13 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     inf = float("inf")
     syncs = c.software.zero3_gather_syncs
 
-    def job(op: int, layer: int, gate: int, count: int, placed: Placed | None,
+    def job(layer: int, gate: int, count: int, placed: Placed | None,
             extra_s: float = 0.0) -> tuple:
-        """(op, layer or -1, layer of the gate or -1, units, latency, bytes' time alone,
-        collective) of one job on a stream."""
+        """(layer or -1, layer of the gate or -1, units, latency, bytes' time alone,
+        collective) of one job on a stream; with its op in front, a queued job."""
         if placed is None or not count:
-            return op, layer, gate, 0, 0.0, 0.0, None
-        return (op, layer, gate, count, extra_s + placed.latency_s,
+            return layer, gate, 0, 0.0, 0.0, None
+        return (layer, gate, count, extra_s + placed.latency_s,
                 placed.alone_s - placed.latency_s, placed)
 
     work = {"F": _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers,
@@ -435,51 +443,99 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     current: list = [None, None]
     phase, until, left = [0, 0], [0.0, 0.0], [0.0, 0.0]
     op_ends: list[float] = []
+    kinds = [o[0] for o in ops]
+    n_ops = len(ops)
+
+    # an op's gathers, in order: the embedding's (forward), then every layer's
+    gathers = {"F": [job(-1, -1, 1, extra_g, embed_s)], "B": []}
+    for kind, counts in (("F", counts_f), ("B", counts_b[::-1])):
+        gathers[kind] += [job(j, j - k - 1, counts[j], c.zero3_gather, per_layer_s)
+                          for j in range(layers)]
 
     def start_op(i: int) -> None:
-        forward = ops[i][0] == "F"
-        if forward:
-            jobs[0].append(job(i, -1, -1, 1, extra_g, embed_s))
-        for j in range(layers):
-            jobs[0].append(job(i, j, j - k - 1, counts_f[j] if forward
-                               else counts_b[layers - 1 - j], c.zero3_gather, per_layer_s))
+        jobs[0].extend([(i, *x) for x in gathers[kinds[i]]])
+
+    def finish_forward(t: float, i: int, layer: int, end: float) -> float:
+        """End of forward op ``i`` whose gathers not yet taken are the gather stream's queue,
+        the stream idle at ``t`` and no reduction queued or moving; its compute has finished
+        up to ``layer`` (exclusive) by ``end`` (<= t, or later: that layer's end).  What the
+        loop below computes for the rest of the op, without its events: no reduction comes
+        while a forward runs, so each gather goes in one go, after the previous one and its
+        gate, and each layer computes after its gather and the previous layer."""
+        fin, got = finished[i], gathered[i]
+        free, queue = t, jobs[0]
+        for n in range(head[0], len(queue)):
+            _, j, gate, count, latency, moving, _ = queue[n]
+            while layer <= gate:
+                end = fin[layer] = (end if end > got[layer] else got[layer]) + work["F"]
+                layer += 1
+            if gate >= 0 and fin[gate] > free:
+                free = fin[gate]
+            free = free + count * (latency + moving)
+            if j >= 0:
+                got[j] = free
+        head[0] = len(queue)
+        while layer < layers:
+            end = fin[layer] = (end if end > got[layer] else got[layer]) + work["F"]
+            layer += 1
+        return end + ch.head_fwd if ch.head_fwd else end
 
     t, op, layer = 0.0, 0, 0
     busy_until = inf  # the current layer's (or the head's) compute ends
     computing = False
-    start_op(0)
-    reduce_job = job(0, -1, -1, c.zero3_units, c.zero3_reduce)
+    started = -1  # the last op whose gathers are queued
+    reduce_job = (0, *job(-1, -1, c.zero3_units, c.zero3_reduce))
     while True:
         changed = True
         while changed:  # every transition due at time t
             changed = False
-            if op < len(ops):
-                kind = ops[op][0]
+            while op < n_ops:  # the compute: every layer that can start and end at t
+                kind = kinds[op]
+                if started < op:  # the op starts
+                    start_op(op)
+                    started = op
+                if kind == "F" and phase[0] == phase[1] == 0 and head[1] == len(jobs[1]) \
+                        and layer < layers:
+                    # no reduction about: nothing else moves before the forward ends
+                    if computing:
+                        end, layer = busy_until, layer + 1
+                        finished[op][layer - 1] = end
+                    else:
+                        end = t
+                    t = finish_forward(t, op, layer, end)
+                    computing = False
+                    op_ends.append(t)
+                    op, layer = op + 1, 0
+                    continue
                 if not computing and layer < layers and gathered[op][layer] <= t:
                     busy_until = t + work[kind] + (ch.head_bwd if kind == "B" and not layer
                                                    else 0.0)
-                    computing = changed = True
-                if computing and busy_until <= t:
-                    computing, changed = False, True
-                    if layer < layers:
-                        finished[op][layer] = t
-                        if kind == "B":
-                            jobs[1].append(reduce_job)
-                        layer += 1
-                        if layer == layers and kind == "F" and ch.head_fwd:
-                            busy_until, computing = t + ch.head_fwd, True
-                    if not computing and layer == layers:
-                        if kind == "B":
-                            jobs[1].append(job(op, -1, -1, 1, extra_r))
-                        op_ends.append(t)
-                        op, layer = op + 1, 0
-                        if op < len(ops):
-                            start_op(op)
+                    computing = True
+                if not computing or busy_until > t:
+                    break
+                computing = False
+                if layer < layers:
+                    finished[op][layer] = t
+                    if kind == "B":
+                        jobs[1].append(reduce_job)
+                    layer += 1
+                    if layer == layers and kind == "F" and ch.head_fwd:
+                        busy_until, computing = t + ch.head_fwd, True
+                if not computing and layer == layers:
+                    if kind == "B":
+                        jobs[1].append((op, *job(-1, -1, 1, extra_r)))
+                    op_ends.append(t)
+                    op, layer = op + 1, 0
+            # the streams; another pass only for what a transition at t reads: a reduce
+            # taken or done (the gathers' conditions), a gather done (the compute), a
+            # stream with no latency or no bytes left (its own next step); the compute's
+            # changes the streams read below, in this pass
             for s in (0, 1):
                 if phase[s] == 0:
-                    if head[s] == len(jobs[s]):
+                    queue = jobs[s]
+                    if head[s] == len(queue):
                         continue
-                    nxt = jobs[s][head[s]]
+                    nxt = queue[head[s]]
                     if nxt[2] >= 0 and finished[nxt[0]][nxt[2]] > t:
                         continue  # gated
                     if s == 0 and syncs and nxt[3] and (current[1] is not None
@@ -487,24 +543,27 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                         continue  # a gather waits for the reduces in flight
                     head[s] += 1
                     current[s], units[s] = nxt, nxt[3]
-                    if s == 0 and ops[nxt[0]][0] == "F" and phase[1] == 0 and \
+                    if s == 0 and kinds[nxt[0]] == "F" and phase[1] == 0 and \
                             head[1] == len(jobs[1]):
                         # a forward's gathers with no reduction about: alone, in one go
                         units[0], phase[0] = 0, 1
                         until[0], left[0] = t + nxt[3] * (nxt[4] + nxt[5]), 0.0
-                    changed = True
+                    changed = changed or s == 1
                 elif phase[s] == 1 and until[s] <= t:
-                    phase[s], changed = 2, True
+                    phase[s] = 2
+                    changed = changed or left[s] <= 0.0
                 elif phase[s] == 2 and left[s] <= 0.0:
-                    phase[s], changed = 0, True
+                    phase[s] = 0
                 if phase[s] == 0 and current[s] is not None:
                     if units[s]:  # the job's next unit
                         units[s] -= 1
                         phase[s], until[s], left[s] = 1, t + current[s][4], current[s][5]
                     else:  # the job is done
-                        done, current[s] = current[s], None
+                        done, current[s], changed = current[s], None, True
                         if s == 0 and done[1] >= 0:
                             gathered[done[0]][done[1]] = t
+                if phase[s] == 1 and until[s] <= t:
+                    changed = True
         if phase[0] == 2 and phase[1] == 2:
             pair = id(current[0][6]), id(current[1][6])
             if pair not in growth:
@@ -517,7 +576,7 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
         d1 = until[1] if phase[1] == 1 else t + left[1] / r1 if phase[1] == 2 else inf
         t_next = min(d0, d1, busy_until if computing else inf)
         if t_next == inf:
-            if op < len(ops):
+            if op < n_ops:
                 raise ValueError("the ZeRO-3 replay deadlocks: a layer waits for a gather "
                                  "gated on a layer after it")
             break
