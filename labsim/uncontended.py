@@ -125,9 +125,14 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     remaining = sum(len(o) for o in schedule)
     keep = check or trace  # every op's (start, end): the overlap check and the trace use them
     began_sum, ended_sum = [0.0] * p, [0.0] * p  # sums of the ops' starts and ends, by stage
+    # stages visited up and down in turn: a forward's input comes from the stage before, a
+    # backward's from the stage after (any order gives the same times)
+    sweeps = (range(p), range(p - 1, -1, -1))
+    sweep = 0
     while remaining:
         advanced = False
-        for s in range(p):
+        sweep ^= 1
+        for s in sweeps[sweep]:
             ops, i = schedule[s], index[s]
             n = len(ops)
             if i == n:
