@@ -79,10 +79,13 @@ class GPU:
         if self.tdp_W is not None:
             _check_positive(f"GPU {self.name}: tdp_W (board power in watts)", self.tdp_W)
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+        # hashed once: every collective a step prices is looked up by its group's cluster
+        object.__setattr__(self, "_hash", hash((
+            self.name, tuple(sorted(self.peak_flops.items())), self.memory_bytes,
+            self.memory_bandwidth_Bps, self.compute_capability)))
 
     def __hash__(self) -> int:  # peak_flops is a read-only mapping: hash the rest
-        return hash((self.name, tuple(sorted(self.peak_flops.items())), self.memory_bytes,
-                     self.memory_bandwidth_Bps, self.compute_capability))
+        return self._hash
 
     @property
     def arch(self) -> str:
