@@ -67,19 +67,28 @@ def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
     """Chunk -> (TP growth, bucket growth): how much longer a backward op's TP collectives
     and its gradient buckets take while both move (``shared_growth``), for every chunk that
     has both on shared pipes; what ``alone_schedule``'s closed form prices them with."""
-    # every stage's pair alike: a collective's loads and rates are its cost's on every stage
-    # (``FoldedNetwork.place``), and only which of its pipes the other one shares can differ
-    growth, pairs = {}, {}
+    # priced once per pair of costs: both collectives are on the chunk's stage, laid on its
+    # pipes by their costs (``FoldedNetwork.place``); and once per kind of pair, the growth
+    # being the two flows' loads and caps on which pipes they share (ports and NICs have
+    # one capacity each)
+    growth: dict[int, tuple[float, float]] = {}
+    by_costs: dict[tuple[int, int], tuple[float, float]] = {}
+    by_kind: dict[tuple, tuple[float, float]] = {}
+    ports = 2 * c.plan.pp  # pipes below are ports
     for g, (bucket, n_buckets) in enumerate(c.buckets):
         tp = c.chunks[g].tp
         if bucket is not None and n_buckets and tp is not None and tp.pipes:
-            b_pipes = bucket.pipes
-            key = (id(tp.cost), id(bucket.cost),
-                   tuple(b_pipes.index(x) if x in b_pipes else -1 for x in tp.pipes))
-            if key not in pairs:
-                pairs[key] = shared_growth(tp, bucket, c.capacity)
-            if any(pairs[key]):
-                growth[g] = pairs[key]
+            costs = id(tp.cost), id(bucket.cost)
+            if costs not in by_costs:
+                b_pipes = bucket.pipes
+                kind = (tp.loads, tp.cap_Bps, bucket.loads, bucket.cap_Bps,
+                        tuple(x < ports for x in tp.pipes + b_pipes),
+                        tuple(b_pipes.index(x) if x in b_pipes else -1 for x in tp.pipes))
+                if kind not in by_kind:
+                    by_kind[kind] = shared_growth(tp, bucket, c.capacity)
+                by_costs[costs] = by_kind[kind]
+            if any(by_costs[costs]):
+                growth[g] = by_costs[costs]
     return growth
 
 
@@ -116,7 +125,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     bare = not (check or trace)
     stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
-    tables = [_op_table(c, s, arrival) for s in range(p)]
+    tables = _op_tables(c, arrival)
     if not (bare and overlap):
         growth = {}
     elif growth is None:
@@ -298,9 +307,9 @@ def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
     return last
 
 
-def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
-              ) -> dict[tuple[str, int], tuple]:
-    """Stage ``s``'s ops by (kind, local chunk): whether a forward, the model chunk, where its
+def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
+               ) -> list[dict[tuple[str, int], tuple]]:
+    """Each stage's ops by (kind, local chunk): whether a forward, the model chunk, where its
     input arrives (None: it needs none), compute seconds, its TP collective and their count,
     its seconds alone as the two terms the event engine adds (compute, or compute beside the
     hidden share of the TP collectives; then the rest of them), where its output
@@ -309,25 +318,30 @@ def _op_table(c: StepCosts, s: int, arrival: dict[tuple[str, int], list]
     An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
     from labsim.step import _op_terms
 
-    p, h = c.plan.pp, c.tp_hidden
-    n_chunks = p * c.plan.virtual_stages
-    table = {}
-    for kind in "FB":
-        for local in range(c.plan.virtual_stages):
-            g = local * p + s
-            ch = c.chunks[g]
+    p, v, h = c.plan.pp, c.plan.virtual_stages, c.tp_hidden
+    n_chunks = p * v
+    tables = []
+    for s in range(p):
+        table = {}
+        for kind in "FB":
             fwd = kind == "F"
-            work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd, ch.tp_bwd)
-            tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
-            busy_s, tail_s = _op_terms(work, tp, calls, h)
-            nxt = g + 1 if fwd else g - 1
-            out = 0 <= nxt < n_chunks
-            send = c.p2p.get((s, nxt % p)) if out else None
-            need = g > 0 if fwd else g < n_chunks - 1
-            table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp, calls,
-                                  busy_s, tail_s, arrival[kind, nxt] if out else None,
-                                  send.alone_s if out and send is not None else None)
-    return table
+            for local in range(v):
+                g = local * p + s
+                ch = c.chunks[g]
+                work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
+                                                                 ch.tp_bwd)
+                tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
+                busy_s, tail_s = _op_terms(work, tp, calls, h)
+                nxt = g + 1 if fwd else g - 1
+                out = 0 <= nxt < n_chunks
+                send = c.p2p.get((s, nxt % p)) if out else None
+                need = g > 0 if fwd else g < n_chunks - 1
+                table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp,
+                                      calls, busy_s, tail_s,
+                                      arrival[kind, nxt] if out else None,
+                                      send.alone_s if out and send is not None else None)
+        tables.append(table)
+    return tables
 
 
 def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
