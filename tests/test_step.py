@@ -585,6 +585,10 @@ ZERO3_CASES = {
         dp=16, micro_batch=2, global_batch=64, zero_stage=3, software="fsdp")),
     "one micro-batch": (MID, labsim.pcie_box(2), Plan(dp=16, micro_batch=1, global_batch=16,
                                                       zero_stage=3, recompute="full")),
+    # the second forward meets the first backward's last reduce-scatters in the middle of a
+    # layer's compute, with the next layers' gathers already prefetched
+    "FSDP, DGX, short layers": (SMALL, labsim.dgx_a100(2), Plan(
+        dp=16, micro_batch=2, global_batch=128, zero_stage=3, software="fsdp")),
 }
 
 
