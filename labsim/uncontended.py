@@ -131,6 +131,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     elif growth is None:
         growth = bucket_growth(c)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
+    beside: dict[tuple, tuple[float, float]] = {}  # ``_beside_buckets`` from 0, by its inputs
     remaining = sum(len(o) for o in schedule)
     keep = check or trace  # every op's (start, end): the overlap check and the trace use them
     began_sum, ended_sum = [0.0] * p, [0.0] * p  # sums of the ops' starts and ends, by stage
@@ -168,13 +169,24 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                         if g_tp and tp is not None:
                             # the op's TP bytes (a hidden share from its start, the rest
                             # after its compute, as the event engine moves them) meet the
-                            # buckets; both move at their shared rates meanwhile
-                            end, free = _beside_buckets(
-                                start, work, h, tp.latency_s * calls,
-                                (tp.alone_s - tp.latency_s) * calls,
-                                [start + planned * (k + 1) / n_buckets
-                                 for k in range(n_buckets)],
-                                free, bucket.latency_s, tau, g_tp, g_dp)
+                            # buckets; both move at their shared rates meanwhile.  With the
+                            # stream idle by the first bucket, both ends are the same seconds
+                            # after the start for every op alike: priced once, from 0
+                            idle = free <= start + planned / n_buckets
+                            key = (id(tp.cost), calls, work, planned, id(bucket.cost),
+                                   n_buckets, g_tp, g_dp)
+                            after = beside.get(key) if idle else None
+                            if after is None:
+                                origin = 0.0 if idle else start
+                                after = _beside_buckets(
+                                    origin, work, h, tp.latency_s * calls,
+                                    (tp.alone_s - tp.latency_s) * calls,
+                                    [origin + planned * (k + 1) / n_buckets
+                                     for k in range(n_buckets)],
+                                    0.0 if idle else free, bucket.latency_s, tau, g_tp, g_dp)
+                                if idle:
+                                    beside[key] = after
+                            end, free = (start + after[0], start + after[1]) if idle else after
                         else:
                             for k in range(n_buckets):
                                 ready = start + planned * (k + 1) / n_buckets

@@ -867,6 +867,42 @@ def test_tp_bytes_and_buckets_move_as_two_fluids():
         pytest.approx(1.0), pytest.approx(2.9))
 
 
+def test_alike_backwards_beside_their_buckets_are_priced_once_and_shifted(monkeypatch):
+    # a backward op's TP bytes beside its buckets are priced from 0 and shifted to the op's
+    # start, once per kind of op, when the bucket stream is idle by the op's first bucket;
+    # an op that finds the stream busy is priced from its own start
+    import labsim.uncontended
+
+    real, calls = labsim.uncontended._beside_buckets, []
+
+    def record(*args):
+        calls.append((args, real(*args)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(labsim.uncontended, "_beside_buckets", record)
+    cluster = labsim.pcie_box(2, nics_per_node=2)
+    # eight interleaved chunks on four stages, the middle ones alike: far fewer pricings
+    # than the eight last backwards that meet their buckets
+    estimate_step(MID, cluster, Plan(dp=2, tp=2, pp=4, schedule="interleaved",
+                                     virtual_stages=2, global_batch=16,
+                                     software="megatron-core-te", sequence_parallel=True,
+                                     bucket_bytes=4e6), memory=False)
+    assert 0 < len(calls) <= 3 and all(args[0] == 0.0 for args, _ in calls)
+    # ZeRO-2 reduces every micro-batch's buckets: from the second backward on the stream is
+    # still busy, and pricing those from 0 would put the step 26 % short
+    calls.clear()
+    estimate_step(MID, cluster, Plan(dp=8, tp=2, global_batch=32, zero_stage=2,
+                                     software="megatron-core-te", sequence_parallel=True,
+                                     bucket_bytes=4e6), memory=False)
+    assert calls[0][0][0] == 0.0 and len(calls) == 4
+    assert all(args[6] > args[5][0] for args, _ in calls[1:])  # busy past the first bucket
+    for args, (end, free) in calls[:1]:  # a shifted answer is the one priced at the start
+        start, d = 0.7, list(args)
+        d[0], d[5] = start, [start + r for r in args[5]]
+        assert real(*d) == (pytest.approx(start + end, rel=1e-12),
+                            pytest.approx(start + free, rel=1e-12))
+
+
 @pytest.mark.parametrize("case", [_contended_tp_plan, _zero3_plan, _unprefetched_zero3_plan])
 def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
     # with the flows' fair shares the closed form is within 2.5 % of the event engine (TP
