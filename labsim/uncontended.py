@@ -15,6 +15,7 @@ the step has no TP collectives.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -123,7 +124,8 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
     pending: list[list[tuple]] = [[] for _ in range(p)]  # buckets: (ready, bucket, k, g)
     bare = not (check or trace)
-    stream_free = [0.0] * p  # with ``bare``, when each stage's bucket stream is free
+    streams = [_Stream() for _ in range(p)]  # with ``bare``, each stage's bucket stream
+    fluid = bare and overlap  # buckets beside TP bytes as fluids
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
     tables = _op_tables(c, arrival)
     if not (bare and overlap):
@@ -131,7 +133,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     elif growth is None:
         growth = bucket_growth(c)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
-    beside: dict[tuple, tuple[float, float]] = {}  # ``_beside_buckets`` from 0, by its inputs
+    beside: dict[tuple, tuple] = {}  # an op beside its buckets from an idle stream, from 0
     remaining = sum(len(o) for o in schedule)
     keep = check or trace  # every op's (start, end): the overlap check and the trace use them
     began_sum, ended_sum = [0.0] * p, [0.0] * p  # sums of the ops' starts and ends, by stage
@@ -148,6 +150,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             if i == n:
                 continue
             t, table, times_s, last_s = clock[s], tables[s], times[s], last_b[s]
+            stream = streams[s]
             start_i, began, ended = i, began_sum[s], ended_sum[s]
             while i < n:
                 kind, mb, local = ops[i]
@@ -163,39 +166,29 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                 if overlap and not fwd and (zero2 or last_s[local] == i):
                     bucket, n_buckets = c.buckets[g]
                     planned = end - start if tp is not None and h else busy_s + tail_s
-                    if bare and n_buckets:  # the stream's end only: run it now, in order
-                        free, tau = stream_free[s], bucket.alone_s
-                        g_tp, g_dp = growth.get(g, (0.0, 0.0))
-                        if g_tp and tp is not None:
-                            # the op's TP bytes (a hidden share from its start, the rest
-                            # after its compute, as the event engine moves them) meet the
-                            # buckets; both move at their shared rates meanwhile.  With the
-                            # stream idle by the first bucket, both ends are the same seconds
-                            # after the start for every op alike: priced once, from 0
-                            idle = free <= start + planned / n_buckets
-                            key = (id(tp.cost), calls, work, planned, id(bucket.cost),
-                                   n_buckets, g_tp, g_dp)
-                            after = beside.get(key) if idle else None
-                            if after is None:
-                                origin = 0.0 if idle else start
-                                after = _beside_buckets(
-                                    origin, work, h, tp.latency_s * calls,
-                                    (tp.alone_s - tp.latency_s) * calls,
-                                    [origin + planned * (k + 1) / n_buckets
-                                     for k in range(n_buckets)],
-                                    0.0 if idle else free, bucket.latency_s, tau, g_tp, g_dp)
-                                if idle:
-                                    beside[key] = after
-                            end, free = (start + after[0], start + after[1]) if idle else after
-                        else:
-                            for k in range(n_buckets):
-                                ready = start + planned * (k + 1) / n_buckets
-                                free = (free if free > ready else ready) + tau
-                        stream_free[s] = free
-                    else:
+                    if not bare:
                         for k in range(n_buckets):
                             pending[s].append((start + planned * (k + 1) / n_buckets, bucket,
                                                k, g))
+                    elif n_buckets:
+                        shared = growth.get(g, (0.0, 0.0))
+                        if stream.jobs or (shared[0] and tp is not None):
+                            end = _buckets_of_op(stream, start, end, work, h, tp, calls,
+                                                 bucket, n_buckets, planned, shared, beside)
+                        else:  # no TP bytes meet these buckets: the stream's end only
+                            free, tau = stream.free, bucket.alone_s
+                            for k in range(n_buckets):
+                                ready = start + planned * (k + 1) / n_buckets
+                                free = (free if free > ready else ready) + tau
+                            stream.free = free
+                elif fluid and tp is not None and stream.jobs and stream.shares():
+                    # the TP bytes of an op that reduces nothing meet buckets still queued or
+                    # moving (ZeRO-2's from the micro-batch before, another chunk's), unless
+                    # those are done before the TP bytes first move
+                    tp_latency = tp.latency_s * calls
+                    if stream.end() > start + (h * tp_latency if h else work + tp_latency):
+                        end = _beside_stream(stream, start, work, h, tp_latency,
+                                             (tp.alone_s - tp.latency_s) * calls)
                 began += start
                 ended += end
                 if keep:
@@ -226,7 +219,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             queue = [(clock[s], b, k, g)
                      for g in range(s, n_chunks, p) for b, n in [c.buckets[g]]
                      if b is not None for k in range(n * (m if zero2 else 1))]
-        free = stream_free[s]
+        free = streams[s].end()
         if check or trace:
             for ready, bucket, k, g in queue:
                 start = free if free > ready else ready  # max(ready, free)
@@ -257,54 +250,145 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     return AloneRun(ends, busy, compute_end, times, spans)
 
 
-def _beside_buckets(start: float, work: float, hidden: float, tp_latency: float,
-                    tp_moving: float, ready: list[float], free: float, latency: float,
-                    tau: float, g_tp: float, g_dp: float) -> tuple[float, float]:
-    """End of a backward op and of its gradient buckets' stream when the op's TP bytes and
-    the buckets' bytes share pipes: the event engine's two flows as fluids.
+class _Stream:
+    """A stage's gradient buckets in the closed form, reduced in order: each from the later
+    of its ready time and the end of the one before, then its latency, then its bytes.
+    ``jobs``: the buckets not done, each (ready, latency, seconds alone, growth of the
+    stage's TP bytes and of its own bytes while both move: ``shared_growth``); the first
+    has begun once ``at`` (when its bytes start) is set, with ``left`` seconds of its bytes
+    alone to go as of ``t``; ``free``: the end of the last one done."""
+
+    __slots__ = ("t", "free", "jobs", "at", "left")
+
+    def __init__(self) -> None:
+        self.t = self.free = self.left = 0.0
+        self.jobs: deque[tuple[float, float, float, float, float]] = deque()
+        self.at: float | None = None
+
+    def shares(self) -> bool:
+        """Whether the stage's TP bytes slow a bucket queued (the first or the last)."""
+        return bool(self.jobs[0][3] or self.jobs[-1][3])
+
+    def begin(self) -> None:
+        """The first job starts: its latency from the later of its ready time and ``free``."""
+        ready, latency, tau, _, _ = self.jobs[0]
+        self.at = (ready if ready > self.free else self.free) + latency
+        self.left = tau - latency
+
+    def end(self) -> float:
+        """When the stream is done, every job left moving alone from ``t``."""
+        free = self.free
+        rest = iter(self.jobs)
+        if self.at is not None:  # the first has begun
+            next(rest)
+            free = (self.at if self.at > self.t else self.t) + self.left
+        for ready, _, tau, _, _ in rest:
+            free = (free if free > ready else ready) + tau
+        return free
+
+
+def _beside_stream(st: _Stream, start: float, work: float, hidden: float, tp_latency: float,
+                   tp_moving: float) -> float:
+    """End of an op whose TP bytes share pipes with the stage's bucket stream ``st`` (which
+    it advances to that end): the event engine's two flows as fluids.
 
     The op starts at ``start`` and computes ``work`` s; its TP collectives wait
     ``tp_latency`` s in all and move bytes for ``tp_moving`` s alone, a ``hidden`` share of
-    each from the op's start and the rest after the compute (and after that share).  Bucket
-    k starts at the later of ``ready[k]`` and the stream's ``free``, waits ``latency``, then
-    moves bytes for ``tau - latency`` s alone.  While both move, each takes ``1 + g`` times
-    as long (``g_tp``, ``g_dp``: ``labsim.network.shared_growth``).  Returns (op end, stream
-    free)."""
-    h = hidden
+    each from the op's start and the rest after the compute (and after that share).  Each
+    bucket starts at the later of its ready time and the end of the one before, waits its
+    latency, then moves its bytes.  While both move, each takes ``1 + g`` times as long
+    (the bucket's growths)."""
+    h, jobs, inf = hidden, st.jobs, float("inf")
     seg_at, seg_left = ((start + h * tp_latency, h * tp_moving) if h
                         else (start + work + tp_latency, tp_moving))
     first = bool(h)  # moving the hidden share
-    k, n = 0, len(ready)
-    b_at = max(ready[0], free) + latency if n else float("inf")
-    b_left = tau - latency
-    t = start
+    if jobs and st.at is None:
+        st.begin()
+    t, at, left = st.t, st.at, st.left
+    tp_shared = b_shared = 1.0  # the head bucket's rates while both move
+    if jobs:
+        tp_shared, b_shared = 1 / (1 + jobs[0][3]), 1 / (1 + jobs[0][4])
     while True:
-        tp_on, b_on = t >= seg_at, k < n and t >= b_at
-        tp_rate = 1 / (1 + g_tp) if tp_on and b_on else 1.0
-        b_rate = 1 / (1 + g_dp) if tp_on and b_on else 1.0
+        b_on = bool(jobs) and t >= at
+        tp_on = t >= seg_at
+        tp_rate, b_rate = (tp_shared, b_shared) if tp_on and b_on else (1.0, 1.0)
         t_tp = t + seg_left / tp_rate if tp_on else seg_at
-        t_b = (t + b_left / b_rate if b_on else b_at) if k < n else float("inf")
+        t_b = (t + left / b_rate if b_on else at) if jobs else inf
         t_next = min(t_tp, t_b)
         if tp_on:
             seg_left = 0.0 if t_next == t_tp else seg_left - (t_next - t) * tp_rate
         if b_on:
-            b_left = 0.0 if t_next == t_b else b_left - (t_next - t) * b_rate
+            left = 0.0 if t_next == t_b else left - (t_next - t) * b_rate
         t = t_next
         if b_on and t == t_b:  # a bucket done: the next one starts
-            free, k = t, k + 1
-            if k < n:
-                b_at, b_left = max(ready[k], free) + latency, tau - latency
+            st.free = t
+            jobs.popleft()
+            if jobs:
+                ready, latency, tau, g_tp, g_dp = jobs[0]
+                at, left = (ready if ready > t else t) + latency, tau - latency
+                tp_shared, b_shared = 1 / (1 + g_tp), 1 / (1 + g_dp)
         if tp_on and t == t_tp:
             if not first:
                 break
             first = False
             seg_at = max(start + work, t) + (1 - h) * tp_latency
             seg_left = (1 - h) * tp_moving
-    if k < n:  # the rest of the buckets alone
-        free = max(b_at, t) + b_left
-        for r in ready[k + 1:]:
-            free = max(r, free) + tau
-    return t, free
+    st.t = t
+    st.at, st.left = (at, left) if jobs else (None, 0.0)
+    return t
+
+
+def _buckets_of_op(st: _Stream, start: float, end: float, work: float, hidden: float,
+                   tp: Placed | None, calls: int, bucket: Placed, n_buckets: int,
+                   planned: float, growth: tuple[float, float], beside: dict) -> float:
+    """A backward op that reduces ``n_buckets`` gradient buckets, ready evenly over its
+    ``planned`` seconds: they join the stage's stream ``st`` (which has buckets queued, or
+    whose buckets the stage's TP bytes slow: ``growth``), and the op's end (``end`` alone)
+    is priced beside the stream when its TP bytes share pipes with the buckets.  An op that
+    finds the stream idle by its first bucket meets it alike whenever it starts: that
+    meeting is priced once from 0 (``beside``, by the op's inputs) and shifted."""
+    latency, tau = bucket.latency_s, bucket.alone_s
+    g_tp, g_dp = growth
+    jobs = st.jobs
+    if jobs or st.free > start + planned / n_buckets or tp is None:
+        jobs.extend([(start + planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
+                     for k in range(n_buckets)])
+        if tp is None or not st.shares():
+            return end
+        return _beside_stream(st, start, work, hidden, tp.latency_s * calls,
+                              (tp.alone_s - tp.latency_s) * calls)
+    key = (id(tp.cost), calls, work, planned, id(bucket.cost), n_buckets)
+    known = beside.get(key)
+    if known is None:  # the same op at 0, its buckets ready at the same offsets
+        origin = _Stream()
+        origin.jobs.extend([(planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
+                            for k in range(n_buckets)])
+        after = _beside_stream(origin, 0.0, work, hidden, tp.latency_s * calls,
+                               (tp.alone_s - tp.latency_s) * calls)
+        known = beside[key] = (after, origin.free, n_buckets - len(origin.jobs), origin.at,
+                               origin.left)
+    after, free, done, at, left = known  # the op's end, and the stream then, from 0
+    jobs.extend([(start + planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
+                 for k in range(done, n_buckets)])
+    st.t = start + after
+    if done:
+        st.free = start + free
+    st.at, st.left = (None, 0.0) if at is None else (start + at, left)
+    return st.t
+
+
+def _beside_buckets(start: float, work: float, hidden: float, tp_latency: float,
+                    tp_moving: float, ready: list[float], free: float, latency: float,
+                    tau: float, g_tp: float, g_dp: float) -> tuple[float, float]:
+    """End of a backward op and of its gradient buckets' stream (``_beside_stream``) when
+    buckets of ``latency`` and ``tau`` s alone, ready at ``ready``, join a stream free at
+    ``free``; ``g_tp``, ``g_dp``: the growths while both move.  Returns (op end, stream
+    free)."""
+    st = _Stream()
+    st.t, st.free = start, free
+    st.jobs.extend((r, latency, tau, g_tp, g_dp) for r in ready)
+    end = _beside_stream(st, start, work, hidden, tp_latency, tp_moving)
+    return end, st.end()
 
 
 def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
