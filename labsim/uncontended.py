@@ -7,10 +7,10 @@ ZeRO-1/2's parameter all-gather.  That is exactly what the event engine
 (``labsim.sim.step``) computes whenever no two flows move bytes on one pipe at the same time;
 ``check=True`` finds out and answers None when some do, so ``simulate_step`` runs the events
 only for steps that need them, and ``estimate_step`` uses the same evaluation as its fast
-path, with the one meeting it prices there (a backward's TP bytes beside its gradient
-buckets, ``_beside_buckets``) as two fluids.  ``zero3_fluid`` replays a ZeRO-3 step the same
-way, its gather and reduce streams as two fluids: exactly what the engine computes when
-the step has no TP collectives.
+path, with the one meeting it prices there (an op's TP bytes beside the gradient buckets
+its stage is reducing, ``_beside_stream``) as two fluids.  ``zero3_fluid`` replays a ZeRO-3
+step the same way, its gather and reduce streams as two fluids: exactly what the engine
+computes when the step has no TP collectives.
 """
 
 from __future__ import annotations
@@ -102,11 +102,12 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     computes whenever no two flows move bytes on one pipe at the same time; with ``check``
     it returns None when some do (the caller then simulates the network).  ``trace=False``
     leaves ``spans`` empty (the closed form needs the times only) and is the closed form's
-    evaluation: there a backward op that produces gradient buckets shares its pipes with them
-    as fluids would (``shared_growth``): its TP collectives (a hidden share from the op's
-    start, the rest after its compute) run at their shared rate while a bucket moves, and
-    each bucket at its shared rate while they do, by ``growth`` (``bucket_growth(c)``,
-    computed when not given)."""
+    evaluation: there each stage's buckets are a stream carried from op to op (``_Stream``),
+    and an op whose TP collectives share pipes with the buckets queued or moving (its own,
+    or ones from before it) moves beside them as fluids would (``shared_growth``): its TP
+    collectives (a hidden share from the op's start, the rest after its compute) at their
+    shared rate while a bucket moves, and each bucket at its shared rate while they do, by
+    ``growth`` (``bucket_growth(c)``, computed when not given)."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -375,20 +376,6 @@ def _buckets_of_op(st: _Stream, start: float, end: float, work: float, hidden: f
         st.free = start + free
     st.at, st.left = (None, 0.0) if at is None else (start + at, left)
     return st.t
-
-
-def _beside_buckets(start: float, work: float, hidden: float, tp_latency: float,
-                    tp_moving: float, ready: list[float], free: float, latency: float,
-                    tau: float, g_tp: float, g_dp: float) -> tuple[float, float]:
-    """End of a backward op and of its gradient buckets' stream (``_beside_stream``) when
-    buckets of ``latency`` and ``tau`` s alone, ready at ``ready``, join a stream free at
-    ``free``; ``g_tp``, ``g_dp``: the growths while both move.  Returns (op end, stream
-    free)."""
-    st = _Stream()
-    st.t, st.free = start, free
-    st.jobs.extend((r, latency, tau, g_tp, g_dp) for r in ready)
-    end = _beside_stream(st, start, work, hidden, tp_latency, tp_moving)
-    return end, st.end()
 
 
 def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:

@@ -850,23 +850,44 @@ def test_gathers_beside_a_reduce_slow_only_while_both_move():
     assert longer == sorted(longer) and longer[-1] <= 2 * 1.5 + 2 * 1.0
 
 
-def test_tp_bytes_and_buckets_move_as_two_fluids():
-    from labsim.uncontended import _beside_buckets
+def _beside(start: float, work: float, hidden: float, tp_latency: float, tp_moving: float,
+            ready: list[float], free: float, latency: float, tau: float, g_tp: float,
+            g_dp: float) -> tuple[float, float]:
+    """An op's end and its stage's bucket stream's end: buckets of ``latency`` and ``tau``
+    s alone, ready at ``ready``, on a stream free at ``free``, beside the op's TP bytes."""
+    from labsim.uncontended import _beside_stream, _Stream
 
+    st = _Stream()
+    st.t, st.free = start, free
+    st.jobs.extend((r, latency, tau, g_tp, g_dp) for r in ready)
+    return _beside_stream(st, start, work, hidden, tp_latency, tp_moving), st.end()
+
+
+def test_tp_bytes_and_buckets_move_as_two_fluids():
     # a bucket alone from 0.5 s; the TP bytes from 1 s: half rate each until the bucket's
     # last 0.5 s is done at 2 s, then the TP bytes' last 0.5 s alone
-    assert _beside_buckets(0.0, 1.0, 0.0, 0.0, 1.0, [0.5], 0.0, 0.0, 1.0, 1.0, 1.0) == (
+    assert _beside(0.0, 1.0, 0.0, 0.0, 1.0, [0.5], 0.0, 0.0, 1.0, 1.0, 1.0) == (
         pytest.approx(2.5), pytest.approx(2.0))
     # no shared pipe: each alone, the TP collectives after compute and their latency
-    assert _beside_buckets(0.0, 1.0, 0.0, 0.2, 1.0, [0.5, 0.6], 0.0, 0.1, 1.0, 0.0, 0.0) == (
+    assert _beside(0.0, 1.0, 0.0, 0.2, 1.0, [0.5, 0.6], 0.0, 0.1, 1.0, 0.0, 0.0) == (
         pytest.approx(2.2), pytest.approx(2.5))
     # half hidden: its 0.5 s beside the bucket from the start (1 s), the rest after compute
-    assert _beside_buckets(0.0, 2.0, 0.5, 0.0, 1.0, [0.0], 0.0, 0.0, 1.0, 1.0, 1.0) == (
+    assert _beside(0.0, 2.0, 0.5, 0.0, 1.0, [0.0], 0.0, 0.0, 1.0, 1.0, 1.0) == (
         pytest.approx(2.5), pytest.approx(1.5))
     # a bucket still waiting out its latency when the TP bytes finish: the buckets alone,
     # 1.4-1.9 s and 2.4-2.9 s
-    assert _beside_buckets(0.0, 0.0, 0.0, 0.0, 1.0, [0.9, 0.95], 0.0, 0.5, 1.0, 1.0, 1.0) == (
+    assert _beside(0.0, 0.0, 0.0, 0.0, 1.0, [0.9, 0.95], 0.0, 0.5, 1.0, 1.0, 1.0) == (
         pytest.approx(1.0), pytest.approx(2.9))
+    # a bucket from before the op (2 s alone from -0.5 s), still moving when the op's TP
+    # bytes start at 1 s: half rate each while both move (its last 0.5 s takes 1-2 s), then
+    # the TP bytes' last 0.5 s alone
+    from labsim.uncontended import _beside_stream, _Stream
+
+    st = _Stream()
+    st.t = st.free = -0.5
+    st.jobs.append((-0.5, 0.0, 2.0, 1.0, 1.0))
+    assert _beside_stream(st, 0.0, 1.0, 0.0, 0.0, 1.0) == pytest.approx(2.5)
+    assert st.end() == pytest.approx(2.0) and not st.jobs
 
 
 LATER_TP_BESIDE_BUCKETS = {
