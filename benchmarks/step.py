@@ -160,11 +160,11 @@ def speed(repeat: int, estimate_repeat: int) -> None:
 SOFTWARE = ("generic", "megatron-lm-2021", "megatron-core-te", "fsdp", "deepspeed-zero3-2021")
 
 
-def sample_plans(n: int, seed: int = 0, pcie: bool = False, zero2_tp: bool = False):
+def sample_plans(n: int, seed: int = 0, pcie: bool = False, zero_tp: int = 0):
     """``n`` random (model, cluster, plan) on DGX A100 / H100 nodes (``pcie``: PCIe boxes with
     two NICs per node instead), drawn like ``tests/test_step.py``'s property test;
-    ``zero2_tp``: ZeRO-2 with tensor parallelism 2-8 only (one stage), where every
-    micro-batch's buckets meet the next micro-batch's TP collectives."""
+    ``zero_tp`` 2 or 3: that ZeRO stage with tensor parallelism 2-8 only (one stage), where
+    TP collectives meet ZeRO-2's buckets or ZeRO-3's gathers and reductions."""
     rng = np.random.default_rng(seed)
     models = [labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000),
               labsim.Transformer.preset("gpt2-1.5b"), labsim.Transformer.preset("llama2-7b")]
@@ -178,18 +178,18 @@ def sample_plans(n: int, seed: int = 0, pcie: bool = False, zero2_tp: bool = Fal
         cluster = (labsim.pcie_box(nodes, nics_per_node=2) if pcie else
                    pick([labsim.dgx_a100, labsim.dgx_h100])(nodes))
         g = cluster.world_size
-        tp = pick([t for t in ((2, 4, 8) if zero2_tp else (1, 2, 4, 8)) if t <= g])
-        pp = 1 if zero2_tp else pick([p for p in (1, 2, 4, 8) if tp * p <= g])
+        tp = pick([t for t in ((2, 4, 8) if zero_tp else (1, 2, 4, 8)) if t <= g])
+        pp = 1 if zero_tp else pick([p for p in (1, 2, 4, 8) if tp * p <= g])
         schedule = pick(["1f1b", "gpipe", "interleaved"]) if pp > 1 else "1f1b"
         v = 2 if schedule == "interleaved" else 1
         m = pick([1, 2, 4, 8]) * (pp if v > 1 else 1)
         mb = pick([1, 2, 4])
         model = pick(models)
-        if model.layers < pp * v or model.heads % tp or (zero2_tp and g == tp):
+        if model.layers < pp * v or model.heads % tp or (zero_tp and g == tp):
             continue
         plan = Plan(dp=g // (tp * pp), tp=tp, pp=pp, micro_batch=mb,
                     global_batch=g // (tp * pp) * mb * m, schedule=schedule, virtual_stages=v,
-                    zero_stage=(2 if zero2_tp else
+                    zero_stage=(zero_tp or
                                 pick([0, 1, 2, 3] if pp == 1 and tp == 1 else [0, 1])),
                     recompute=pick(["none", "selective", "full"]),
                     sequence_parallel=tp > 1 and bool(rng.integers(2)),
@@ -198,10 +198,10 @@ def sample_plans(n: int, seed: int = 0, pcie: bool = False, zero2_tp: bool = Fal
     return out
 
 
-def agreement(n: int, seed: int, zero2_tp: bool = False) -> None:
+def agreement(n: int, seed: int, zero_tp: int = 0) -> None:
     for pcie in (False, True):
         errors = []
-        for model, cluster, plan in sample_plans(n, seed=seed, pcie=pcie, zero2_tp=zero2_tp):
+        for model, cluster, plan in sample_plans(n, seed=seed, pcie=pcie, zero_tp=zero_tp):
             s = simulate_step(model, cluster, plan, memory=False).step_time_s
             e = labsim.estimate_step(model, cluster, plan, memory=False).step_time_s
             errors.append(abs(e / s - 1))
@@ -332,8 +332,8 @@ def main() -> None:
     parser.add_argument("--formula", type=int, nargs="?", const=60, default=None)
     parser.add_argument("--seed", type=int, default=0,
                         help="--agreement, --formula: the plans' seed")
-    parser.add_argument("--zero2-tp", action="store_true",
-                        help="--agreement: ZeRO-2 plans with tensor parallelism only")
+    parser.add_argument("--zero-tp", type=int, choices=(2, 3), default=0,
+                        help="--agreement: plans of this ZeRO stage with tensor parallelism")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--faster", type=int, nargs="?", const=300, default=None,
                         help="plans per cluster family whose links get faster")
@@ -347,7 +347,7 @@ def main() -> None:
     elif args.speed:
         speed(args.repeat, args.estimate_repeat or args.repeat)
     elif args.agreement:
-        agreement(args.agreement, args.seed, args.zero2_tp)
+        agreement(args.agreement, args.seed, args.zero_tp)
     elif args.formula:
         formula(args.formula, args.seed)
     elif args.sweep:

@@ -503,6 +503,9 @@ def result_from(costs: StepCosts, step_s: float, busy: list[float], compute_end:
 
 SCHEDULE_OPS = 768  # the closed form evaluates schedules of up to this many ops op by op
 ZERO3_FLOWS = 400  # and replays ZeRO-3 micro-batches that move up to this many collectives
+# ... or this many where TP collectives move beside the streams: then a forward's gathers
+# are events too (they meet the TP bytes), not one pass in a row
+ZERO3_TP_FLOWS = 250
 BUBBLE_WEIGHT = 0.3  # interleaved bubble: 0 the average stage's pace, 1 the slowest stage's
 
 
@@ -554,25 +557,27 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
     alternates; the line through two micro-batches apart stays within 1 % of the full
     replay on the plans measured, docs/step.md)."""
     from labsim.pipeline import make_schedule
-    from labsim.uncontended import zero3_fluid
+    from labsim.uncontended import zero3_fluid, zero3_tp_flows
 
     plan = c.plan
     m, layers = plan.microbatches, c.chunks[0].layers
     forward, backward = c.zero3_gathers
-    per_mb = sum(forward) + sum(backward) + layers * c.zero3_units + 2
+    tp_flows = zero3_tp_flows(c)
+    per_mb = sum(forward) + sum(backward) + layers * c.zero3_units + 2 + tp_flows
+    budget = ZERO3_TP_FLOWS if tp_flows else ZERO3_FLOWS
     if plan.schedule == "1f1b" and m > 2:
-        if 2 * per_mb > ZERO3_FLOWS:
+        if 2 * per_mb > budget:
             return None
         end, compute_end, op_ends = zero3_fluid(c, make_schedule("1f1b", 1, 2)[0])
         shift = (m - 2) * (op_ends[3] - op_ends[1])
         return end + shift, compute_end + shift
     if plan.schedule == "gpipe" and m > 4:
-        if 6 * per_mb > ZERO3_FLOWS:
+        if 6 * per_mb > budget:
             return None
         (e2, c2, _), (e4, c4, _) = (zero3_fluid(c, make_schedule("gpipe", 1, n)[0])
                                     for n in (2, 4))
         return _line(e2, e4, 2, 4, m), _line(c2, c4, 2, 4, m)
-    if m * per_mb > ZERO3_FLOWS:
+    if m * per_mb > budget:
         return None
     end, compute_end, _ = zero3_fluid(c, make_schedule(plan.schedule, 1, m)[0])
     return end, compute_end

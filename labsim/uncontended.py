@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from labsim.network import shared_growth
+from labsim.network import alone_rate, fair_rates, shared_growth
 from labsim.pipeline import Op, Schedule
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
@@ -501,6 +501,18 @@ def _mark(moving: dict[int, list], placed: Placed, start: float, end: float) -> 
             lst.append((start, end))
 
 
+def zero3_tp_flows(c: StepCosts) -> int:
+    """TP flows a micro-batch of ZeRO-3 moves beside its gather and reduce streams in
+    ``zero3_fluid`` (each layer's TP collectives, forward and backward: one flow blocking,
+    two overlapped), or 0 where they share no pipe with the streams and are priced alone."""
+    tp, layers = c.chunks[0].tp, c.chunks[0].layers
+    if c.zero3_gather is None or tp is None or not set(tp.pipes) & {
+            x for z in (c.zero3_gather, c.zero3_reduce) for x in z.pipes}:
+        return 0
+    segments = 2 if c.tp_hidden else 1
+    return layers * segments * (bool(c.chunks[0].tp_fwd) + bool(c.chunks[0].tp_bwd))
+
+
 def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[float]]:
     """A ZeRO-3 stage's ``ops`` (pp = 1) replayed as ``labsim.sim.step`` runs them, with the
     gather stream's and the reduce stream's bytes as two fluids: each unit waits its latency
@@ -509,8 +521,11 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     gathers of every layer queue on the gather stream (layer j's not before layer
     j - prefetch - 1 is done), each layer's compute waits for its gather, a backward layer's
     reduce queues on the reduce stream when it is done; a profile's gathers that synchronise
-    (``zero3_gather_syncs``) wait until the reduce stream is idle.  TP collectives, if any,
-    are priced alone.  Returns (end of both streams, end of the last compute, each op's end)."""
+    (``zero3_gather_syncs``) wait until the reduce stream is idle.  A layer's TP collectives
+    are a third fluid where they share pipes with the streams, as the engine runs them:
+    blocking, after the compute and their latencies; overlapped, a hidden share beside the
+    compute and the rest after it.  Returns (end of both streams, end of the last compute,
+    each op's end)."""
     from labsim.step import _op_time
 
     plan = c.plan
@@ -535,6 +550,25 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                           c.tp_hidden),
             "B": _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp,
                           ch.tp_bwd // layers, c.tp_hidden)}
+    # the backward's first layer computes the head's backward too, before or beside its TP
+    head_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers + ch.head_bwd, ch.tp,
+                      ch.tp_bwd // layers, c.tp_hidden)
+    # blocking TP collectives that share pipes with the streams: after each layer's compute
+    # and their latencies (``tp_wait``), their bytes (``tp_bytes``, s alone) as a fluid
+    tp, hidden = ch.tp, c.tp_hidden
+    tp_fluid = zero3_tp_flows(c) > 0
+    calls = {"F": ch.tp_fwd // layers, "B": ch.tp_bwd // layers}
+    if tp_fluid:
+        compute = {"F": (ch.t_fwd - ch.head_fwd) / layers,
+                   "B": (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers}
+        tp_wait = {kind: tp.latency_s * n for kind, n in calls.items()}
+        tp_bytes = {kind: (tp.alone_s - tp.latency_s) * n for kind, n in calls.items()}
+        shares: dict[tuple, tuple[float, ...]] = {}  # moving flows -> shared / alone rate
+    # a layer's stage (0 none; 1 its compute, beside its hidden TP share; 2 the rest's
+    # latency; 3 its bytes) and its TP flow (phase 1 latency until ``tp_until``, 2 moving
+    # ``tp_left`` s of bytes alone)
+    stage = tp_phase = 0
+    tp_until = tp_left = 0.0
     gathered = [[inf] * layers for _ in ops]
     finished = [[inf] * layers for _ in ops]
     growth: dict[tuple[int, int], tuple[float, float]] = {}
@@ -597,7 +631,7 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                     start_op(op)
                     started = op
                 if kind == "F" and phase[0] == phase[1] == 0 and head[1] == len(jobs[1]) \
-                        and layer < layers:
+                        and layer < layers and not tp_fluid:
                     # no reduction about: nothing else moves before the forward ends
                     if computing:
                         end, layer = busy_until, layer + 1
@@ -609,13 +643,44 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                     op_ends.append(t)
                     op, layer = op + 1, 0
                     continue
-                if not computing and layer < layers and gathered[op][layer] <= t:
-                    busy_until = t + work[kind] + (ch.head_bwd if kind == "B" and not layer
-                                                   else 0.0)
-                    computing = True
-                if not computing or busy_until > t:
-                    break
-                computing = False
+                if tp_fluid and layer < layers:  # a layer in stages, its TP bytes a fluid
+                    if not stage:  # it starts
+                        if gathered[op][layer] > t:
+                            break
+                        w = compute[kind] + (ch.head_bwd if kind == "B" and not layer else 0.0)
+                        computing, stage = True, 1
+                        if hidden:  # compute beside the hidden share, then the rest
+                            busy_until, tp_phase, tp_until = t + w, 1, t + tp_wait[kind] * hidden
+                        else:  # compute as the TP collectives' first latency, then bytes
+                            busy_until = t + (w + tp_wait[kind])
+                    if stage == 1:
+                        if computing and busy_until <= t:
+                            computing = False
+                        if tp_phase == 1 and tp_until <= t:
+                            tp_phase, tp_left = 2, tp_bytes[kind] * hidden
+                        if tp_phase == 2 and tp_left <= 0.0:
+                            tp_phase = 0
+                        if computing or tp_phase:
+                            break
+                        if hidden:
+                            stage, tp_phase, tp_until = 2, 1, t + tp_wait[kind] * (1 - hidden)
+                        else:
+                            stage, tp_phase, tp_left = 3, 2, tp_bytes[kind]
+                    if stage == 2:
+                        if tp_until > t:
+                            break
+                        stage, tp_phase, tp_left = 3, 2, tp_bytes[kind] * (1 - hidden)
+                    if tp_left > 0.0:
+                        break
+                    stage = tp_phase = 0  # the layer's TP bytes are done
+                else:
+                    if not computing and layer < layers and gathered[op][layer] <= t:
+                        busy_until = t + (head_b if kind == "B" and not layer
+                                          else work[kind])
+                        computing = True
+                    if not computing or busy_until > t:
+                        break
+                    computing = False
                 if layer < layers:
                     finished[op][layer] = t
                     if kind == "B":
@@ -646,7 +711,7 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                     head[s] += 1
                     current[s], units[s] = nxt, nxt[3]
                     if s == 0 and kinds[nxt[0]] == "F" and phase[1] == 0 and \
-                            head[1] == len(jobs[1]):
+                            head[1] == len(jobs[1]) and not tp_fluid:
                         # a forward's gathers with no reduction about: alone, in one go
                         units[0], phase[0] = 0, 1
                         until[0], left[0] = t + nxt[3] * (nxt[4] + nxt[5]), 0.0
@@ -666,7 +731,20 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                             gathered[done[0]][done[1]] = t
                 if phase[s] == 1 and until[s] <= t:
                     changed = True
-        if phase[0] == 2 and phase[1] == 2:
+        r_tp = 1.0
+        if tp_phase == 2 and (phase[0] == 2 or phase[1] == 2):  # TP beside stream bytes
+            moving = (current[0][6] if phase[0] == 2 else None,
+                      current[1][6] if phase[1] == 2 else None)
+            key = id(moving[0]), id(moving[1])
+            if key not in shares:
+                flows = [f for f in (*moving, tp) if f is not None]
+                shared = fair_rates([(f.pipes, f.loads, f.cap_Bps) for f in flows], c.capacity)
+                fraction = iter([r / alone_rate(f.pipes, f.loads, f.cap_Bps, c.capacity)
+                                 for f, r in zip(flows, shared)])
+                shares[key] = tuple(next(fraction) if f is not None else 1.0
+                                    for f in (*moving, tp))
+            r0, r1, r_tp = shares[key]
+        elif phase[0] == 2 and phase[1] == 2:
             pair = id(current[0][6]), id(current[1][6])
             if pair not in growth:
                 growth[pair] = shared_growth(current[0][6], current[1][6], c.capacity)
@@ -676,7 +754,8 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
             r0 = r1 = 1.0
         d0 = until[0] if phase[0] == 1 else t + left[0] / r0 if phase[0] == 2 else inf
         d1 = until[1] if phase[1] == 1 else t + left[1] / r1 if phase[1] == 2 else inf
-        t_next = min(d0, d1, busy_until if computing else inf)
+        d_tp = tp_until if tp_phase == 1 else t + tp_left / r_tp if tp_phase == 2 else inf
+        t_next = min(d0, d1, d_tp, busy_until if computing else inf)
         if t_next == inf:
             if op < n_ops:
                 raise ValueError("the ZeRO-3 replay deadlocks: a layer waits for a gather "
@@ -686,5 +765,7 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
             left[0] = 0.0 if d0 == t_next else left[0] - (t_next - t) * r0
         if phase[1] == 2:
             left[1] = 0.0 if d1 == t_next else left[1] - (t_next - t) * r1
+        if tp_phase == 2:
+            tp_left = 0.0 if d_tp == t_next else tp_left - (t_next - t) * r_tp
         t = t_next
     return t, op_ends[-1], op_ends
