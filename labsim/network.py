@@ -99,6 +99,15 @@ def shared_growth(a: Placed, b: Placed, capacity: np.ndarray) -> tuple[float, fl
                  for f, r in zip((a, b), shared))
 
 
+def shared_fractions(flows: Sequence[Placed], capacity: np.ndarray) -> list[float]:
+    """Each of ``flows``' rate while all of them move at once, as a fraction of its rate
+    alone (1: it shares no pipe it is short of), by the network's weighted max-min
+    fairness."""
+    shared = fair_rates([(f.pipes, f.loads, f.cap_Bps) for f in flows], capacity)
+    return [r / alone_rate(f.pipes, f.loads, f.cap_Bps, capacity)
+            for f, r in zip(flows, shared)]
+
+
 def collective_flow(cluster: Cluster, ranks: Sequence[int], cost: CollectiveCost,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(pipes, loads) of a collective of ``cost`` among ``ranks`` of ``cluster``: its intra

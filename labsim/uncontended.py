@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from labsim.network import alone_rate, fair_rates, shared_growth
+from labsim.network import shared_fractions, shared_growth
 from labsim.pipeline import Op, Schedule
 
 if TYPE_CHECKING:  # annotations only: labsim.step imports this module
@@ -325,9 +325,9 @@ def _beside_stream(st: _Stream, start: float, work: float, hidden: float, tp_lat
             st.free = t
             jobs.popleft()
             if jobs:
-                ready, latency, tau, g_tp, g_dp = jobs[0]
-                at, left = (ready if ready > t else t) + latency, tau - latency
-                tp_shared, b_shared = 1 / (1 + g_tp), 1 / (1 + g_dp)
+                st.begin()
+                at, left = st.at, st.left
+                tp_shared, b_shared = 1 / (1 + jobs[0][3]), 1 / (1 + jobs[0][4])
         if tp_on and t == t_tp:
             if not first:
                 break
@@ -348,12 +348,11 @@ def _buckets_of_op(st: _Stream, start: float, end: float, work: float, hidden: f
     is priced beside the stream when its TP bytes share pipes with the buckets.  An op that
     finds the stream idle by its first bucket meets it alike whenever it starts: that
     meeting is priced once from 0 (``beside``, by the op's inputs) and shifted."""
-    latency, tau = bucket.latency_s, bucket.alone_s
-    g_tp, g_dp = growth
+    spec = bucket.latency_s, bucket.alone_s, *growth
+    offsets = [planned * (k + 1) / n_buckets for k in range(n_buckets)]  # ready, from start
     jobs = st.jobs
-    if jobs or st.free > start + planned / n_buckets or tp is None:
-        jobs.extend([(start + planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
-                     for k in range(n_buckets)])
+    if jobs or st.free > start + offsets[0] or tp is None:
+        jobs.extend([(start + x, *spec) for x in offsets])
         if tp is None or not st.shares():
             return end
         return _beside_stream(st, start, work, hidden, tp.latency_s * calls,
@@ -362,15 +361,13 @@ def _buckets_of_op(st: _Stream, start: float, end: float, work: float, hidden: f
     known = beside.get(key)
     if known is None:  # the same op at 0, its buckets ready at the same offsets
         origin = _Stream()
-        origin.jobs.extend([(planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
-                            for k in range(n_buckets)])
+        origin.jobs.extend([(x, *spec) for x in offsets])
         after = _beside_stream(origin, 0.0, work, hidden, tp.latency_s * calls,
                                (tp.alone_s - tp.latency_s) * calls)
         known = beside[key] = (after, origin.free, n_buckets - len(origin.jobs), origin.at,
                                origin.left)
     after, free, done, at, left = known  # the op's end, and the stream then, from 0
-    jobs.extend([(start + planned * (k + 1) / n_buckets, latency, tau, g_tp, g_dp)
-                 for k in range(done, n_buckets)])
+    jobs.extend([(start + x, *spec) for x in offsets[done:]])
     st.t = start + after
     if done:
         st.free = start + free
@@ -546,21 +543,17 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
         return (layer, gate, count, extra_s + placed.latency_s,
                 placed.alone_s - placed.latency_s, placed)
 
-    work = {"F": _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers,
-                          c.tp_hidden),
-            "B": _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp,
-                          ch.tp_bwd // layers, c.tp_hidden)}
-    # the backward's first layer computes the head's backward too, before or beside its TP
-    head_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers + ch.head_bwd, ch.tp,
-                      ch.tp_bwd // layers, c.tp_hidden)
-    # blocking TP collectives that share pipes with the streams: after each layer's compute
-    # and their latencies (``tp_wait``), their bytes (``tp_bytes``, s alone) as a fluid
     tp, hidden = ch.tp, c.tp_hidden
-    tp_fluid = zero3_tp_flows(c) > 0
+    compute = {"F": (ch.t_fwd - ch.head_fwd) / layers,  # a layer's, without its TP
+               "B": (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers}
     calls = {"F": ch.tp_fwd // layers, "B": ch.tp_bwd // layers}
+    work = {kind: _op_time(compute[kind], tp, calls[kind], hidden) for kind in "FB"}
+    # the backward's first layer computes the head's backward too, before or beside its TP
+    head_b = _op_time(compute["B"] + ch.head_bwd, tp, calls["B"], hidden)
+    # TP collectives that share pipes with the streams: after their latencies
+    # (``tp_wait``), their bytes (``tp_bytes``, s alone) as a fluid
+    tp_fluid = zero3_tp_flows(c) > 0
     if tp_fluid:
-        compute = {"F": (ch.t_fwd - ch.head_fwd) / layers,
-                   "B": (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers}
         tp_wait = {kind: tp.latency_s * n for kind, n in calls.items()}
         tp_bytes = {kind: (tp.alone_s - tp.latency_s) * n for kind, n in calls.items()}
         shares: dict[tuple, tuple[float, ...]] = {}  # moving flows -> shared / alone rate
@@ -737,10 +730,8 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                       current[1][6] if phase[1] == 2 else None)
             key = id(moving[0]), id(moving[1])
             if key not in shares:
-                flows = [f for f in (*moving, tp) if f is not None]
-                shared = fair_rates([(f.pipes, f.loads, f.cap_Bps) for f in flows], c.capacity)
-                fraction = iter([r / alone_rate(f.pipes, f.loads, f.cap_Bps, c.capacity)
-                                 for f, r in zip(flows, shared)])
+                fraction = iter(shared_fractions([f for f in (*moving, tp) if f is not None],
+                                                 c.capacity))
                 shares[key] = tuple(next(fraction) if f is not None else 1.0
                                     for f in (*moving, tp))
             r0, r1, r_tp = shares[key]
