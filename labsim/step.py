@@ -531,8 +531,9 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
     if 2 * p * v * (m1 + m2) > SCHEDULE_OPS:
         return None
     growth = bucket_growth(c) if plan.overlap_grad_reduce else {}
-    a, b = (alone_schedule(c, make_schedule(plan.schedule, p, n, v), trace=False, growth=growth)
-            for n in (m1, m2))
+    scratch: dict = {}  # the longer run first: the shorter one reuses its tables
+    b, a = (alone_schedule(c, make_schedule(plan.schedule, p, n, v), trace=False, growth=growth,
+                           scratch=scratch) for n in (m2, m1))
     return ([_line(x, y, m1, m2, m) for x, y in zip(a.ends, b.ends)],
             [_line(x, y, m1, m2, m) for x, y in zip(a.busy, b.busy)],
             _line(a.compute_end, b.compute_end, m1, m2, m))

@@ -95,7 +95,7 @@ def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
 
 def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                    trace: bool = True, growth: dict[int, tuple[float, float]] | None = None,
-                   ) -> AloneRun | None:
+                   scratch: dict | None = None) -> AloneRun | None:
     """A step's ops in schedule order with every flow at its rate alone (no simpy): start at
     max(stage free, input arrival); buckets on a stream as backward produces them; then the
     optimizer and ZeRO-1/2's parameter all-gather.  Exactly what ``labsim.simulate_step``
@@ -107,7 +107,9 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     or ones from before it) moves beside them as fluids would (``shared_growth``): its TP
     collectives (a hidden share from the op's start, the rest after its compute) at their
     shared rate while a bucket moves, and each bucket at its shared rate while they do, by
-    ``growth`` (``bucket_growth(c)``, computed when not given)."""
+    ``growth`` (``bucket_growth(c)``, computed when not given).  ``scratch``: a dict the
+    caller keeps between evaluations of one ``c``'s schedules, where the op tables and the
+    meetings priced from an idle stream are built once and kept."""
     plan = c.plan
     p, m = plan.pp, plan.microbatches
     n_chunks = p * plan.virtual_stages
@@ -122,19 +124,29 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
     clock = [0.0] * p
     index = [0] * p
     # arrival[kind, chunk][mb]: when micro-batch mb's input of that op reaches its stage
-    arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
+    kept = scratch.get("arrival") if scratch is not None else None
+    if kept is not None and len(kept["F", 0]) >= m:
+        arrival, tables, beside = kept, scratch["tables"], scratch["beside"]
+        nones = [None] * m
+        for inbox in arrival.values():
+            inbox[:m] = nones
+    else:
+        arrival = {(kind, g): [None] * m for kind in "FB" for g in range(n_chunks)}
+        tables = _op_tables(c, arrival)
+        # an op beside its buckets from an idle stream, from 0 (``_buckets_of_op``)
+        beside: dict[tuple, tuple] = {}
+        if scratch is not None:
+            scratch.update(arrival=arrival, tables=tables, beside=beside)
     pending: list[list[tuple]] = [[] for _ in range(p)]  # buckets: (ready, bucket, k, g)
     bare = not (check or trace)
     streams = [_Stream() for _ in range(p)]  # with ``bare``, each stage's bucket stream
     fluid = bare and overlap  # buckets beside TP bytes as fluids
     times: list[list[float]] = [[] for _ in range(p)]  # start, end of every op
-    tables = _op_tables(c, arrival)
     if not (bare and overlap):
         growth = {}
     elif growth is None:
         growth = bucket_growth(c)
     last_b = [_last_backwards(ops, plan.virtual_stages) for ops in schedule]
-    beside: dict[tuple, tuple] = {}  # an op beside its buckets from an idle stream, from 0
     remaining = sum(len(o) for o in schedule)
     keep = check or trace  # every op's (start, end): the overlap check and the trace use them
     began_sum, ended_sum = [0.0] * p, [0.0] * p  # sums of the ops' starts and ends, by stage
@@ -155,7 +167,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             start_i, began, ended = i, began_sum[s], ended_sum[s]
             while i < n:
                 kind, mb, local = ops[i]
-                fwd, g, inbox, work, tp, calls, busy_s, tail_s, outbox, send_s = table[kind, local]
+                fwd, g, inbox, work, tp, calls, busy_s, tail_s, outbox, send_s = table[kind][local]
                 if inbox is not None:
                     a = inbox[mb]
                     if a is None:
@@ -164,7 +176,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
                         t = a
                 start = t
                 end = start + busy_s + tail_s
-                if overlap and not fwd and (zero2 or last_s[local] == i):
+                if not fwd and overlap and (zero2 or last_s[local] == i):
                     bucket, n_buckets = c.buckets[g]
                     planned = end - start if tp is not None and h else busy_s + tail_s
                     if not bare:
@@ -388,8 +400,8 @@ def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
 
 
 def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
-               ) -> list[dict[tuple[str, int], tuple]]:
-    """Each stage's ops by (kind, local chunk): whether a forward, the model chunk, where its
+               ) -> list[dict[str, list[tuple]]]:
+    """Each stage's ops by kind, then local chunk: whether a forward, the model chunk, where its
     input arrives (None: it needs none), compute seconds, its TP collective and their count,
     its seconds alone as the two terms the event engine adds (compute, or compute beside the
     hidden share of the TP collectives; then the rest of them), where its output
@@ -402,8 +414,9 @@ def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
     n_chunks = p * v
     tables = []
     for s in range(p):
-        table = {}
+        table: dict[str, list[tuple]] = {}
         for kind in "FB":
+            table[kind] = by_chunk = []
             fwd = kind == "F"
             for local in range(v):
                 g = local * p + s
@@ -416,10 +429,9 @@ def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
                 out = 0 <= nxt < n_chunks
                 send = c.p2p.get((s, nxt % p)) if out else None
                 need = g > 0 if fwd else g < n_chunks - 1
-                table[kind, local] = (fwd, g, arrival[kind, g] if need else None, work, tp,
-                                      calls, busy_s, tail_s,
-                                      arrival[kind, nxt] if out else None,
-                                      send.alone_s if out and send is not None else None)
+                by_chunk.append((fwd, g, arrival[kind, g] if need else None, work, tp, calls,
+                                 busy_s, tail_s, arrival[kind, nxt] if out else None,
+                                 send.alone_s if out and send is not None else None))
         tables.append(table)
     return tables
 
