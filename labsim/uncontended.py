@@ -360,31 +360,34 @@ def _buckets_of_op(st: _Stream, start: float, end: float, work: float, hidden: f
     is priced beside the stream when its TP bytes share pipes with the buckets.  An op that
     finds the stream idle by its first bucket meets it alike whenever it starts: that
     meeting is priced once from 0 (``beside``, by the op's inputs) and shifted."""
-    spec = bucket.latency_s, bucket.alone_s, *growth
-    offsets = [planned * (k + 1) / n_buckets for k in range(n_buckets)]  # ready, from start
     jobs = st.jobs
-    if jobs or st.free > start + offsets[0] or tp is None:
-        jobs.extend([(start + x, *spec) for x in offsets])
-        if tp is None or not st.shares():
-            return end
-        return _beside_stream(st, start, work, hidden, tp.latency_s * calls,
-                              (tp.alone_s - tp.latency_s) * calls)
-    key = (id(tp.cost), calls, work, planned, id(bucket.cost), n_buckets)
-    known = beside.get(key)
-    if known is None:  # the same op at 0, its buckets ready at the same offsets
-        origin = _Stream()
-        origin.jobs.extend([(x, *spec) for x in offsets])
-        after = _beside_stream(origin, 0.0, work, hidden, tp.latency_s * calls,
-                               (tp.alone_s - tp.latency_s) * calls)
-        known = beside[key] = (after, origin.free, n_buckets - len(origin.jobs), origin.at,
-                               origin.left)
-    after, free, done, at, left = known  # the op's end, and the stream then, from 0
-    jobs.extend([(start + x, *spec) for x in offsets[done:]])
-    st.t = start + after
-    if done:
-        st.free = start + free
-    st.at, st.left = (None, 0.0) if at is None else (start + at, left)
-    return st.t
+    if not jobs and tp is not None:
+        key = (id(tp.cost), calls, work, planned, id(bucket.cost), n_buckets)
+        known = beside.get(key)
+        if known is None:  # the same op at 0, its buckets ready at the same offsets
+            spec = bucket.latency_s, bucket.alone_s, *growth
+            offsets = [planned * (k + 1) / n_buckets for k in range(n_buckets)]
+            origin = _Stream()
+            origin.jobs.extend([(x, *spec) for x in offsets])
+            after = _beside_stream(origin, 0.0, work, hidden, tp.latency_s * calls,
+                                   (tp.alone_s - tp.latency_s) * calls)
+            known = beside[key] = (offsets[0], after, origin.free, origin.at, origin.left,
+                                   [(x, *spec) for x in offsets[n_buckets - len(origin.jobs):]],
+                                   n_buckets > len(origin.jobs))
+        first, after, free, at, left, rest, done = known  # the op's end and the stream, from 0
+        if st.free <= start + first:  # idle by the op's first bucket: shifted
+            jobs.extend([(start + x, *job) for x, *job in rest])
+            st.t = start + after
+            if done:
+                st.free = start + free
+            st.at, st.left = (None, 0.0) if at is None else (start + at, left)
+            return st.t
+    spec = bucket.latency_s, bucket.alone_s, *growth
+    jobs.extend([(start + planned * (k + 1) / n_buckets, *spec) for k in range(n_buckets)])
+    if tp is None or not st.shares():
+        return end
+    return _beside_stream(st, start, work, hidden, tp.latency_s * calls,
+                          (tp.alone_s - tp.latency_s) * calls)
 
 
 def _last_backwards(ops: tuple[Op, ...], v: int) -> dict[int, int]:
