@@ -268,6 +268,8 @@ def zero3_gathers(model: Transformer, plan: Plan,
         sizes = [model.params_per_layer / tp]
     n, u = model.layers, len(sizes)
     again = soft.zero3_recompute_gather and plan.recompute == "full"
+    if soft.zero3_reuse_distance <= 0:  # nothing kept: every use gathers
+        return (u,) * n, ((2 if again else 1) * u,) * n
     uses = [(j, t, 0) for j in range(n) for t in range(u)]
     for j in reversed(range(n)):
         uses += [(j, t, 1) for t in range(u)] if again else []
@@ -502,10 +504,10 @@ def result_from(costs: StepCosts, step_s: float, busy: list[float], compute_end:
 
 
 SCHEDULE_OPS = 768  # the closed form evaluates schedules of up to this many ops op by op
-ZERO3_FLOWS = 400  # and replays ZeRO-3 micro-batches that move up to this many collectives
+ZERO3_FLOWS = 170  # and replays ZeRO-3 steps that move up to this many collectives by events
 # ... or this many where TP collectives move beside the streams: then a forward's gathers
 # are events too (they meet the TP bytes), not one pass in a row
-ZERO3_TP_FLOWS = 250
+ZERO3_TP_FLOWS = 230
 BUBBLE_WEIGHT = 0.3  # interleaved bubble: 0 the average stage's pace, 1 the slowest stage's
 
 
@@ -548,38 +550,43 @@ def _line(x1: float, x2: float, m1: int, m2: int, m: int) -> float:
 def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
     """End of a ZeRO-3 step's communication and of its last compute (before the optimizer),
     from its ops replayed with the two streams as fluids (``uncontended.zero3_fluid``), when
-    the replay moves at most ``ZERO3_FLOWS`` collectives; None when it would move more.
+    the replay moves at most ``ZERO3_FLOWS`` collectives event by event (``ZERO3_TP_FLOWS``
+    where TP bytes move beside the streams); None when it would move more.
     1F1B (forward, backward, forward, ...) is replayed for two micro-batches and extended in
     a line: from the second on, each forward meets the previous backward's last reductions
     alike, so every further micro-batch adds what the second did.  GPipe (every forward,
-    then every backward) is replayed for two and four micro-batches and extended in the
+    then every backward) is replayed for four and two micro-batches and extended in the
     line through them: a further micro-batch adds a forward and a backward inside their
     phases, though not always the same time (the reductions' backlog beside the gathers
     alternates; the line through two micro-batches apart stays within 1 % of the full
-    replay on the plans measured, docs/step.md)."""
+    replay on the plans measured, docs/step.md).  What the replay moves event by event:
+    every op but those taken from one before (``zero3_fluid``'s memo: 1F1B's second
+    backward, GPipe's forwards after the first and the two micro-batches' backwards after
+    the four's); a forward goes in one go unless TP bytes move beside the streams."""
     from labsim.pipeline import make_schedule
     from labsim.uncontended import zero3_fluid, zero3_tp_flows
 
     plan = c.plan
     m, layers = plan.microbatches, c.chunks[0].layers
-    forward, backward = c.zero3_gathers
-    tp_flows = zero3_tp_flows(c)
-    per_mb = sum(forward) + sum(backward) + layers * c.zero3_units + 2 + tp_flows
-    budget = ZERO3_TP_FLOWS if tp_flows else ZERO3_FLOWS
+    gathers_f, gathers_b = c.zero3_gathers
+    tp_flows = zero3_tp_flows(c)  # forward and backward alike
+    backward = sum(gathers_b) + layers * c.zero3_units + 1 + tp_flows / 2
+    forward = sum(gathers_f) + 1 + tp_flows / 2 if tp_flows else 0.0
+    gpipe_line = plan.schedule == "gpipe" and m > 4
+    replayed_b = min(m, 4) if plan.schedule == "gpipe" else 1
+    replayed_f = 1 if plan.schedule == "gpipe" else min(m, 2)
+    if replayed_b * backward + replayed_f * forward > (ZERO3_TP_FLOWS if tp_flows
+                                                       else ZERO3_FLOWS):
+        return None
     if plan.schedule == "1f1b" and m > 2:
-        if 2 * per_mb > budget:
-            return None
         end, compute_end, op_ends = zero3_fluid(c, make_schedule("1f1b", 1, 2)[0])
         shift = (m - 2) * (op_ends[3] - op_ends[1])
         return end + shift, compute_end + shift
-    if plan.schedule == "gpipe" and m > 4:
-        if 6 * per_mb > budget:
-            return None
-        (e2, c2, _), (e4, c4, _) = (zero3_fluid(c, make_schedule("gpipe", 1, n)[0])
-                                    for n in (2, 4))
+    if gpipe_line:
+        memo: dict = {}  # four first: two micro-batches' backwards are its first two
+        (e4, c4, _), (e2, c2, _) = (zero3_fluid(c, make_schedule("gpipe", 1, n)[0], memo)
+                                    for n in (4, 2))
         return _line(e2, e4, 2, 4, m), _line(c2, c4, 2, 4, m)
-    if m * per_mb > budget:
-        return None
     end, compute_end, _ = zero3_fluid(c, make_schedule(plan.schedule, 1, m)[0])
     return end, compute_end
 

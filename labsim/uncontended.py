@@ -525,7 +525,8 @@ def zero3_tp_flows(c: StepCosts) -> int:
     return layers * segments * (bool(c.chunks[0].tp_fwd) + bool(c.chunks[0].tp_bwd))
 
 
-def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[float]]:
+def zero3_fluid(c: StepCosts, ops: tuple[Op, ...], memo: dict | None = None
+                ) -> tuple[float, float, list[float]]:
     """A ZeRO-3 stage's ``ops`` (pp = 1) replayed as ``labsim.sim.step`` runs them, with the
     gather stream's and the reduce stream's bytes as two fluids: each unit waits its latency
     (and the profile's host seconds) and then moves its bytes at its rate alone, or at its
@@ -536,8 +537,13 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     (``zero3_gather_syncs``) wait until the reduce stream is idle.  A layer's TP collectives
     are a third fluid where they share pipes with the streams, as the engine runs them:
     blocking, after the compute and their latencies; overlapped, a hidden share beside the
-    compute and the rest after it.  Returns (end of both streams, end of the last compute,
-    each op's end)."""
+    compute and the rest after it.  A backward that starts with nothing moving or queued
+    runs as every such backward does, shifted, and so does the k-th backward straight after
+    it (each starts with what the one before left on the reduce stream, and its own gathers
+    queue only when it starts); forwards alike where TP bytes make them events: the first
+    of each is replayed and kept (in ``memo``, which a caller may share between replays of
+    one ``c``), the others are taken from it, with the reduce stream as it was at its end.
+    Returns (end of both streams, end of the last compute, each op's end)."""
     from labsim.step import _op_time
 
     plan = c.plan
@@ -629,6 +635,13 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
     computing = False
     started = -1  # the last op whose gathers are queued
     reduce_job = (0, *job(-1, -1, c.zero3_units, c.zero3_reduce))
+    # ops of one kind in a row from one that started with nothing moving or queued (a
+    # forward only where TP bytes make it events): (kind, the current op's place in the row,
+    # the row's start); what the k-th did, by ``memo``[kind, k]: (its end, and the reduce
+    # stream then: phase, latency's end, bytes left, units left, current job, jobs queued;
+    # times from the row's start)
+    kept = memo if memo is not None else {}
+    row: tuple[str, int, float] | None = None
     while True:
         changed = True
         while changed:  # every transition due at time t
@@ -636,6 +649,26 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
             while op < n_ops:  # the compute: every layer that can start and end at t
                 kind = kinds[op]
                 if started < op:  # the op starts
+                    if (kind == "F" and not tp_fluid) or computing or stage or tp_phase or \
+                            phase[0] or current[0] is not None or head[0] < len(jobs[0]):
+                        row = None
+                    elif not phase[1] and current[1] is None and head[1] == len(jobs[1]):
+                        row = (kind, 0, t)  # nothing moving or queued
+                    elif row is not None and row[0] == kind == kinds[op - 1]:
+                        row = (kind, row[1] + 1, row[2])
+                    else:
+                        row = None
+                    known = kept.get(row[:2]) if row is not None else None
+                    if known is not None:  # as the one kept, shifted
+                        end, phase[1], until_s, left[1], units[1], current[1], rest = known
+                        until[1] = row[2] + until_s
+                        head[1] = len(jobs[1])
+                        jobs[1].extend(rest)
+                        t = row[2] + end
+                        started, changed = op, True
+                        op_ends.append(t)
+                        op, layer = op + 1, 0
+                        continue
                     start_op(op)
                     started = op
                 if kind == "F" and phase[0] == phase[1] == 0 and head[1] == len(jobs[1]) \
@@ -699,6 +732,10 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...]) -> tuple[float, float, list[f
                 if not computing and layer == layers:
                     if kind == "B":
                         jobs[1].append((op, *job(-1, -1, 1, extra_r)))
+                    if row is not None and not phase[0] and current[0] is None and \
+                            head[0] == len(jobs[0]):
+                        kept[row[:2]] = (t - row[2], phase[1], until[1] - row[2], left[1],
+                                         units[1], current[1], jobs[1][head[1]:])
                     op_ends.append(t)
                     op, layer = op + 1, 0
             # the streams; another pass only for what a transition at t reads: a reduce

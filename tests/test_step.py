@@ -589,6 +589,13 @@ ZERO3_CASES = {
     # layer's compute, with the next layers' gathers already prefetched
     "FSDP, DGX, short layers": (SMALL, labsim.dgx_a100(2), Plan(
         dp=16, micro_batch=2, global_batch=128, zero_stage=3, software="fsdp")),
+    # 80 layers (Llama 2 70B's count), two gathers prefetched: one backward and the forward
+    # after it move 161 + 81 collectives by events, the second backward is the first's
+    "80 layers, PCIe, prefetch 2": (labsim.Transformer(layers=80, hidden=2048, heads=16,
+                                                       seq_len=2048, vocab=32000),
+                                    labsim.pcie_box(2, nics_per_node=2),
+                                    Plan(dp=16, micro_batch=1, global_batch=128, zero_stage=3,
+                                         software="fsdp", zero3_prefetch=2)),
 }
 
 
@@ -625,15 +632,64 @@ def test_the_zero3_replay_moves_tp_collectives_beside_the_streams(software, monk
 
 
 def test_a_zero3_replay_with_tp_beside_the_streams_has_its_own_budget():
-    from labsim.step import ZERO3_FLOWS, ZERO3_TP_FLOWS, _evaluated_zero3
+    from labsim.step import ZERO3_TP_FLOWS, _evaluated_zero3
     from labsim.uncontended import zero3_tp_flows
 
-    # 32 layers, TP 2, blocking: 2 x (98 + 64) collectives in the two micro-batches replayed
-    model = labsim.Transformer(layers=32, hidden=2048, heads=16, seq_len=1024, vocab=32000)
-    c = step_costs(model, labsim.pcie_box(2, nics_per_node=2),
-                   Plan(dp=8, tp=2, global_batch=64, zero_stage=3))
-    assert zero3_tp_flows(c) == 64 and ZERO3_TP_FLOWS < 2 * (98 + 64) <= ZERO3_FLOWS
-    assert _evaluated_zero3(c) is None  # too many events: the per-layer phases instead
+    # TP 2, blocking, 1F1B: the replay moves one backward (layers gathered, layers reduced,
+    # the embedding's reduction, a TP flow a layer) and two forwards (layers + 1 gathers, a
+    # TP flow a layer) event by event
+    cluster = labsim.pcie_box(2, nics_per_node=2)
+    plan = Plan(dp=8, tp=2, global_batch=64, zero_stage=3)
+    for layers, replayed in ((36, False), (24, True)):
+        model = labsim.Transformer(layers=layers, hidden=2048, heads=16, seq_len=1024,
+                                   vocab=32000)
+        c = step_costs(model, cluster, plan)
+        moved = 3 * layers + 1 + 2 * (2 * layers + 1)
+        assert zero3_tp_flows(c) == 2 * layers and (moved <= ZERO3_TP_FLOWS) == replayed
+        assert (_evaluated_zero3(c) is not None) == replayed
+        if replayed:  # and where it replays, the engine's step
+            assert estimate_step(model, cluster, plan, memory=False).step_time_s == \
+                pytest.approx(simulate_step(model, cluster, plan, memory=False).step_time_s,
+                              rel=1e-9)
+
+
+class _Forgetful(dict):
+    """A memo that keeps nothing: every op replayed by events."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+@pytest.mark.parametrize("case", ["1F1B", "1F1B, TP overlapped", "GPipe", "GPipe, TP"])
+def test_the_zero3_replay_takes_ops_that_start_alike_from_the_first(case):
+    """A backward that starts with nothing moving (and each backward in a row after it;
+    forwards too where TP bytes make them events) is the first such one shifted: taken from
+    the memo, the replay gives what replaying every op gives, and the GPipe line through two
+    and four micro-batches (the two taken from the four) too."""
+    from labsim.pipeline import make_schedule
+    from labsim.step import _evaluated_zero3, _line
+    from labsim.uncontended import zero3_fluid
+
+    tp, software = (2, "megatron-core-te") if "TP" in case else (1, "fsdp")
+    schedule = "gpipe" if case.startswith("GPipe") else "1f1b"
+    plan = Plan(dp=16 // tp, tp=tp, micro_batch=1, global_batch=16 // tp * 8, zero_stage=3,
+                software=software, zero3_prefetch=2, schedule=schedule,
+                tp_comm_overlap="overlapped" in case)
+    c = step_costs(MID, labsim.pcie_box(2, nics_per_node=2), plan)
+    for m in (4, 2, 8):
+        ops = make_schedule(schedule, 1, m)[0]
+        memo: dict = {}
+        end, compute_end, op_ends = zero3_fluid(c, ops, memo)
+        every = zero3_fluid(c, ops, _Forgetful())
+        assert (end, compute_end) == pytest.approx(every[:2], rel=1e-12)
+        assert op_ends == pytest.approx(every[2], rel=1e-12)
+        assert ("B", 0) in memo and (("F", 0) in memo) == (tp > 1)
+        assert len(memo) < len(ops)  # some ops were taken from it
+    if schedule == "gpipe":  # the line through replays of every op
+        (e2, c2, _), (e4, c4, _) = (zero3_fluid(c, make_schedule("gpipe", 1, n)[0],
+                                                _Forgetful()) for n in (2, 4))
+        assert _evaluated_zero3(c) == pytest.approx(
+            (_line(e2, e4, 2, 4, 8), _line(c2, c4, 2, 4, 8)), rel=1e-12)
 
 
 def test_zero3_micro_batches_after_the_second_repeat_the_second():
