@@ -4,6 +4,7 @@
     python benchmarks/step.py --fit        # refit every profile's fitted value
     python benchmarks/step.py --speed      # simulate_step / estimate_step process times
     python benchmarks/step.py --speed --repeat 10 --estimate-repeat 200
+    python benchmarks/step.py --budget     # estimate_step on the longest ZeRO-3 steps replayed
     python benchmarks/step.py --agreement  # estimate_step vs simulate_step on a sweep
     python benchmarks/step.py --agreement 1000 --seed 1   # the held-out sweep
     python benchmarks/step.py --formula 60  # the long-pipeline formulas vs evaluation
@@ -21,6 +22,7 @@ role "calibration"); held-out runs are never used.  The values to paste into
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import statistics
@@ -158,6 +160,62 @@ def speed(repeat: int, estimate_repeat: int) -> None:
 
 
 SOFTWARE = ("generic", "megatron-lm-2021", "megatron-core-te", "fsdp", "deepspeed-zero3-2021")
+
+
+def budget_plans():
+    """(name, model, cluster, plan): for each ZeRO-3 step shape of a grid (three clusters,
+    four ZeRO-3 profiles, TP 1 / 2 / 4, 1F1B at 1 and 8 micro-batches, GPipe at 2, 3 and 8,
+    recompute off and full, prefetch 1 and 2), the most layers (of a 2048-wide model) that
+    ``estimate_step`` still replays (``step._evaluated_zero3``): its most expensive plans."""
+    clusters = {"2 PCIe boxes": labsim.pcie_box(2, nics_per_node=2),
+                "1 DGX A100": labsim.dgx_a100(1), "2 DGX H100": labsim.dgx_h100(2)}
+    out = []
+    for (where, cluster), soft, tp, (schedule, m), recompute, prefetch in itertools.product(
+            clusters.items(), ("fsdp", "generic", "megatron-core-te", "deepspeed-zero3-2021"),
+            (1, 2, 4), (("1f1b", 1), ("1f1b", 8), ("gpipe", 2), ("gpipe", 3), ("gpipe", 8)),
+            ("none", "full"), (1, 2)):
+        dp = cluster.world_size // tp
+
+        def shape(layers: int, soft=soft, tp=tp, schedule=schedule, m=m, recompute=recompute,
+                  prefetch=prefetch, dp=dp, cluster=cluster):
+            model = labsim.Transformer(layers=layers, hidden=2048, heads=16, seq_len=2048,
+                                       vocab=32000)
+            plan = Plan(dp=dp, tp=tp, zero_stage=3, schedule=schedule, micro_batch=1,
+                        global_batch=dp * m, software=soft, recompute=recompute,
+                        zero3_prefetch=prefetch, tp_comm_overlap=soft == "megatron-core-te")
+            replayed = labsim_step._evaluated_zero3(labsim_step.step_costs(
+                model, cluster, plan)) is not None
+            return replayed, model, plan
+
+        lo, hi = 1, 512  # bisect: the most layers replayed
+        if dp < 2 or not shape(lo)[0]:
+            continue
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if shape(mid)[0] else (lo, mid)
+        _, model, plan = shape(lo)
+        out.append((f"{where}, {soft}, TP {tp}, {schedule} m={m}, recompute {recompute}, "
+                    f"prefetch {prefetch}: {lo} layers", model, cluster, plan))
+    return out
+
+
+def budget(repeat: int, rounds: int = 3) -> None:
+    """Process time of ``estimate_step`` on ``budget_plans``: best of ``repeat`` calls, in
+    each of ``rounds`` passes over all of them (a pause of the machine spoils one pass)."""
+    cases = budget_plans()
+    best = [math.inf] * len(cases)
+    for _ in range(rounds):
+        for i, (_, model, cluster, plan) in enumerate(cases):
+            for _ in range(repeat):
+                t0 = time.process_time()
+                labsim.estimate_step(model, cluster, plan)
+                best[i] = min(best[i], time.process_time() - t0)
+    times = sorted(zip(best, (name for name, *_ in cases)), reverse=True)
+    print(f"estimate_step on the {len(times)} longest ZeRO-3 steps replayed (best of {repeat} "
+          f"in each of {rounds} passes, process time): median "
+          f"{statistics.median(t for t, _ in times) * 1e3:.3f} ms; the slowest:")
+    for t, name in times[:8]:
+        print(f"  {t * 1e3:.3f} ms  {name}")
 
 
 def sample_plans(n: int, seed: int = 0, pcie: bool = False, zero_tp: int = 0):
@@ -328,6 +386,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--speed", action="store_true")
+    parser.add_argument("--budget", action="store_true")
     parser.add_argument("--agreement", type=int, nargs="?", const=200, default=None)
     parser.add_argument("--formula", type=int, nargs="?", const=60, default=None)
     parser.add_argument("--seed", type=int, default=0,
@@ -340,12 +399,15 @@ def main() -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="--sweep: every run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--estimate-repeat", type=int, default=None,
-                        help="--speed: best of this many for estimate_step (default --repeat)")
+                        help="--speed, --budget: best of this many for estimate_step (default "
+                             "--repeat; --budget 20)")
     args = parser.parse_args()
     if args.fit:
         fit()
     elif args.speed:
         speed(args.repeat, args.estimate_repeat or args.repeat)
+    elif args.budget:
+        budget(args.estimate_repeat or 20)
     elif args.agreement:
         agreement(args.agreement, args.seed, args.zero_tp)
     elif args.formula:

@@ -573,7 +573,11 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
     backward = sum(gathers_b) + layers * c.zero3_units + 1 + tp_flows / 2
     forward = sum(gathers_f) + 1 + tp_flows / 2 if tp_flows else 0.0
     gpipe_line = plan.schedule == "gpipe" and m > 4
-    replayed_b = min(m, 4) if plan.schedule == "gpipe" else 1
+    # GPipe's backwards in a row: with TP bytes beside the streams, each after the first
+    # moves three flows at once throughout (the one before's reductions, its gathers, its TP
+    # bytes), its events costlier: 1.25 each
+    in_row = 1.25 if tp_flows else 1.0
+    replayed_b = 1 + in_row * (min(m, 4) - 1) if plan.schedule == "gpipe" else 1
     replayed_f = 1 if plan.schedule == "gpipe" else min(m, 2)
     if replayed_b * backward + replayed_f * forward > (ZERO3_TP_FLOWS if tp_flows
                                                        else ZERO3_FLOWS):

@@ -675,7 +675,8 @@ def test_the_zero3_replay_takes_ops_that_start_alike_from_the_first(case):
     plan = Plan(dp=16 // tp, tp=tp, micro_batch=1, global_batch=16 // tp * 8, zero_stage=3,
                 software=software, zero3_prefetch=2, schedule=schedule,
                 tp_comm_overlap="overlapped" in case)
-    c = step_costs(MID, labsim.pcie_box(2, nics_per_node=2), plan)
+    c = step_costs(SMALL if schedule == "gpipe" else MID, labsim.pcie_box(2, nics_per_node=2),
+                   plan)
     for m in (4, 2, 8):
         ops = make_schedule(schedule, 1, m)[0]
         memo: dict = {}
@@ -1083,7 +1084,8 @@ def test_estimate_step_equals_simulate_step_on_zero2_with_tensor_parallelism():
 def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_replays():
     """The 200 PCIe plans of ``benchmarks/step.py --agreement --zero-tp 3``: where the replay
     moves them (within ``ZERO3_TP_FLOWS``) the two faces are equal; beyond it the per-layer
-    phases price TP alone (93 % within 2 %; 71.5 % when the replay priced TP alone too)."""
+    phases price TP alone (94.5 % within 2 %; 93 % under the replay's count before, 71.5 %
+    when the replay priced TP alone too)."""
     from labsim.step import _evaluated_zero3
 
     bench = load_benchmark("step")
@@ -1095,7 +1097,7 @@ def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_r
             replayed += 1
             assert est == pytest.approx(sim, rel=1e-9), p
         errors.append(abs(est / sim - 1))
-    assert replayed >= 100 and sum(e <= 0.02 for e in errors) / len(errors) >= 0.93
+    assert replayed >= 100 and sum(e <= 0.02 for e in errors) / len(errors) >= 0.945
 
 # -- published runs --------------------------------------------------------------------------
 @pytest.mark.slow
