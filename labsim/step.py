@@ -27,8 +27,9 @@ fastest, then data-parallel, then pipeline.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,10 +46,10 @@ from labsim.trace import Span, Trace
 from labsim.workload import Transformer
 
 
-@dataclass(frozen=True)
-class ChunkCost:
+class ChunkCost(NamedTuple):
     """One model chunk (a pipeline stage's layers of one virtual stage) on one GPU: compute
-    seconds per micro-batch, FLOPs, parameters, and its tensor-parallel collectives."""
+    seconds per micro-batch, FLOPs, parameters, and its tensor-parallel collectives (a
+    tuple: a step builds one per chunk, 64 for a 64-stage plan, and tuples build fast)."""
 
     layers: int
     t_fwd: float  # every layer's forward (and the head's on the last chunk)
@@ -245,7 +246,7 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
             reduce_s = units * z_reduce.alone_s
             extra_f += sum(extra(per_f, c * z_gather.alone_s) for c in gathers_f)
             extra_b += sum(extra(per_b, c * z_gather.alone_s + reduce_s) for c in gathers_b)
-        done[key] = (replace(ch, t_fwd=ch.t_fwd + extra_f, t_bwd=ch.t_bwd + extra_b)
+        done[key] = (ch._replace(t_fwd=ch.t_fwd + extra_f, t_bwd=ch.t_bwd + extra_b)
                      if extra_f or extra_b else ch)
         out.append(done[key])
     return out
@@ -341,14 +342,16 @@ def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
     nbytes = round(plan.micro_batch * model.seq_len * model.hidden * plan.bytes_per_element
                    / plan.tp)
     out: dict[tuple[int, int], Placed] = {}
-    costs: dict[tuple[int, int, int], CollectiveCost] = {}  # by the pair's shape
+    # by the pair's shape: two nodes, or one node and one NIC or two (all ``group_of`` sees)
+    costs: dict[tuple[bool, bool], CollectiveCost] = {}
     p = plan.pp
     nic = net.nic_index
     for g in range(min(p, p * plan.virtual_stages - 1)):  # chunk g + p pairs like chunk g
         for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
             if (a, b) not in out and a != b:
                 ra, rb = net.rep[a], net.rep[b]
-                shape = (int(net.node[a] == net.node[b]), nic[a], nic[b])
+                same = net.node[a] == net.node[b]
+                shape = (same, same and nic[a] == nic[b])
                 if shape not in costs:
                     costs[shape] = plan_collective("sendrecv", nbytes,
                                                    group_of(cluster, [ra, rb]))
