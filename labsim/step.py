@@ -639,10 +639,12 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
     line (``_bucket_finish``).  ZeRO-3: replayed as the engine runs it, with the two streams'
     bytes as fluids (``_evaluated_zero3``), when it moves at most ``ZERO3_FLOWS``
-    collectives in two micro-batches; otherwise per layer the slower of compute and the
-    gather (plus the reduce in backward, the two moving together on shared pipes:
-    ``_together``; without prefetch each layer's gathers beside the previous layer's reduce:
-    ``_gathers_beside``) on the data-parallel links.
+    collectives by events (``ZERO3_TP_FLOWS`` with TP bytes beside the streams); otherwise
+    per layer the slower of compute and the gather (plus the reduce in backward, the two
+    moving together on shared pipes: ``_together``; without prefetch each layer's gathers
+    beside the previous layer's reduce: ``_gathers_beside``) on the data-parallel links, and
+    no faster than the layer's TP bytes and the streams' moving together where they share
+    pipes.
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak
@@ -729,6 +731,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
 
 def _zero3_estimate(c: StepCosts, h: float) -> float:
     """Seconds of the ZeRO-3 micro-batches of ``c`` (pp = 1; module ``estimate_step`` doc)."""
+    from labsim.uncontended import zero3_tp_flows
+
     plan = c.plan
     ch = c.chunks[0]
     layers, units, k = ch.layers, c.zero3_units, plan.zero3_prefetch
@@ -741,8 +745,15 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     g_gather, g_reduce = shared_growth(c.zero3_gather, c.zero3_reduce, c.capacity)
     moving_g = c.zero3_gather.alone_s - c.zero3_gather.latency_s
     moving_r = units * (c.zero3_reduce.alone_s - c.zero3_reduce.latency_s)
+    # a layer's TP bytes (s alone), where they share pipes with the streams, and the growths
+    # of TP beside a stream and of a stream beside TP
+    tp_bytes = (0.0, 0.0)
+    if zero3_tp_flows(c):
+        tp_bytes = tuple((ch.tp.alone_s - ch.tp.latency_s) * (n // layers)
+                         for n in (ch.tp_fwd, ch.tp_bwd))
+        g_tp, g_stream = shared_growth(ch.tp, c.zero3_gather, c.capacity)
 
-    def phase(counts: tuple[int, ...], compute: float, reduce: float) -> float:
+    def phase(counts: tuple[int, ...], compute: float, reduce: float, tp_s: float) -> float:
         if k == 0 and reduce and c.software.zero3_gather_syncs:
             # a layer's gathers wait for the reduces in flight; a layer that gathers nothing
             # computes beside them
@@ -760,18 +771,21 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
             return sum(counts) * one + layers * compute + reduce
         gather = one * sum(counts) / layers  # prefetching profiles gather every layer alike
         comm = gather + reduce
+        streams = moved = moving_g * sum(counts) / layers  # the streams' bytes, s
         if reduce:  # the next layer's gather moves beside this one's reduce, sharing pipes,
             # each one's latency and host work beside the other's bytes
-            moved = moving_g * sum(counts) / layers
-            comm = max(gather - moved, reduce - moving_r) + _together(
-                moved, moving_r, g_gather, g_reduce)
-        return gather + (layers - 1) * max(compute, comm) + compute + reduce
+            streams = _together(moved, moving_r, g_gather, g_reduce)
+            comm = max(gather - moved, reduce - moving_r) + streams
+        layer = max(compute, comm)
+        if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes
+            layer = max(layer, _together(tp_s, streams, g_tp, g_stream))
+        return gather + (layers - 1) * layer + compute + reduce
 
     extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
                if c.zero3_extra[0] is not None else 0.0)
     extra_r = c.zero3_extra[1].alone_s if c.zero3_extra[1] is not None else 0.0
-    per_mb = (extra_g + phase(fwd, c_f, 0.0) + ch.head_fwd + phase(bwd, c_b, r) + ch.head_bwd
-              + extra_r)
+    per_mb = (extra_g + phase(fwd, c_f, 0.0, tp_bytes[0]) + ch.head_fwd
+              + phase(bwd, c_b, r, tp_bytes[1]) + ch.head_bwd + extra_r)
     return plan.microbatches * per_mb
 
 

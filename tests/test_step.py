@@ -653,6 +653,27 @@ def test_a_zero3_replay_with_tp_beside_the_streams_has_its_own_budget():
                               rel=1e-9)
 
 
+@pytest.mark.parametrize("nodes, dp, tp, micro_batches, recompute, sp", [
+    (1, 2, 4, 2, "selective", True), (2, 8, 2, 8, "selective", False), (1, 4, 2, 8, "none", True)])
+def test_zero3_beyond_the_replay_prices_tp_bytes_beside_the_streams(nodes, dp, tp,
+                                                                    micro_batches, recompute,
+                                                                    sp):
+    """Llama 2 7B, Megatron-Core's TP overlap, ZeRO-3 on PCIe boxes: too long to replay, the
+    per-layer phases take each layer's TP bytes and the streams' bytes through their shared
+    pipes together (they were priced apart: 20.4 %, 11.0 % and 20.3 % short)."""
+    from labsim.step import _evaluated_zero3
+
+    model, cluster = labsim.Transformer.preset("llama2-7b"), labsim.pcie_box(nodes,
+                                                                              nics_per_node=2)
+    plan = Plan(dp=dp, tp=tp, micro_batch=1, global_batch=dp * micro_batches, zero_stage=3,
+                software="megatron-core-te", tp_comm_overlap=True, sequence_parallel=sp,
+                recompute=recompute)
+    assert _evaluated_zero3(step_costs(model, cluster, plan)) is None
+    sim = simulate_step(model, cluster, plan, memory=False).step_time_s
+    assert estimate_step(model, cluster, plan, memory=False).step_time_s == pytest.approx(
+        sim, rel=0.035)
+
+
 class _Forgetful(dict):
     """A memo that keeps nothing: every op replayed by events."""
 
@@ -1084,8 +1105,8 @@ def test_estimate_step_equals_simulate_step_on_zero2_with_tensor_parallelism():
 def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_replays():
     """The 200 PCIe plans of ``benchmarks/step.py --agreement --zero-tp 3``: where the replay
     moves them (within ``ZERO3_TP_FLOWS``) the two faces are equal; beyond it the per-layer
-    phases price TP alone (94.5 % within 2 %; 93 % under the replay's count before, 71.5 %
-    when the replay priced TP alone too)."""
+    phases move each layer's TP bytes and the streams' together (96.5 % within 2 %, max
+    5.3 %; 94.5 %, max 11 %, when they priced TP alone; 71.5 % when the replay did too)."""
     from labsim.step import _evaluated_zero3
 
     bench = load_benchmark("step")
@@ -1097,7 +1118,8 @@ def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_r
             replayed += 1
             assert est == pytest.approx(sim, rel=1e-9), p
         errors.append(abs(est / sim - 1))
-    assert replayed >= 100 and sum(e <= 0.02 for e in errors) / len(errors) >= 0.945
+    assert replayed >= 100 and sum(e <= 0.02 for e in errors) / len(errors) >= 0.965
+    assert max(errors) < 0.055
 
 # -- published runs --------------------------------------------------------------------------
 @pytest.mark.slow
