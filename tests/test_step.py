@@ -681,6 +681,43 @@ class _Forgetful(dict):
         pass
 
 
+def test_the_zero3_replay_with_its_memo_is_the_replay_of_every_op_on_random_steps():
+    """120 random ZeRO-3 steps (five clusters, every profile, TP 1-4 blocking or overlapped,
+    1F1B or GPipe at 1-8 micro-batches, prefetch 0-2, every recompute mode): the replay that
+    takes ops from its memo ends every op where replaying each one ends it."""
+    import random
+
+    from labsim.pipeline import make_schedule
+    from labsim.uncontended import zero3_fluid
+
+    rng = random.Random(7)
+    clusters = [labsim.pcie_box(1), labsim.pcie_box(2, nics_per_node=2), labsim.dgx_a100(1),
+                labsim.dgx_h100(2), labsim.pcie_box(4, nics_per_node=1)]
+    profiles = ["fsdp", "generic", "megatron-core-te", "deepspeed-zero3-2021", "megatron-lm-2021"]
+    used = 0
+    for _ in range(120):
+        cluster, tp = rng.choice(clusters), rng.choice([1, 1, 2, 4])
+        model = labsim.Transformer(layers=rng.choice([2, 3, 8, 16]),
+                                   hidden=rng.choice([512, 1024, 2048]), heads=16,
+                                   seq_len=rng.choice([256, 1024, 2048]), vocab=32000)
+        schedule, m, mb = rng.choice(["1f1b", "gpipe"]), rng.choice([1, 2, 3, 4, 8]), 2
+        dp = cluster.world_size // tp
+        plan = Plan(dp=dp, tp=tp, zero_stage=3, schedule=schedule, micro_batch=mb,
+                    global_batch=dp * mb * m, software=rng.choice(profiles),
+                    recompute=rng.choice(["none", "selective", "full"]),
+                    zero3_prefetch=rng.choice([0, 1, 2]), tp_comm_overlap=rng.random() < 0.5,
+                    sequence_parallel=tp > 1 and rng.random() < 0.5)
+        c = step_costs(model, cluster, plan)
+        ops = make_schedule(schedule, 1, m)[0]
+        memo: dict = {}
+        end, compute_end, op_ends = zero3_fluid(c, ops, memo)
+        every = zero3_fluid(c, ops, _Forgetful())
+        assert [end, compute_end, *op_ends] == pytest.approx(
+            [every[0], every[1], *every[2]], rel=1e-12), plan
+        used += len(memo) < len(ops)
+    assert used > 90  # most took ops from the memo
+
+
 @pytest.mark.parametrize("case", ["1F1B", "1F1B, TP overlapped", "GPipe", "GPipe, TP"])
 def test_the_zero3_replay_takes_ops_that_start_alike_from_the_first(case):
     """A backward that starts with nothing moving (and each backward in a row after it;
