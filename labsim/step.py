@@ -775,7 +775,10 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
         if reduce:  # the next layer's gather moves beside this one's reduce, sharing pipes,
             # each one's latency and host work beside the other's bytes
             streams = _together(moved, moving_r, g_gather, g_reduce)
-            comm = max(gather - moved, reduce - moving_r) + streams
+            comm = (max(gather - moved, reduce - moving_r) + streams if k < 2 else
+                    # two or more gathers ahead: the gather stream runs ahead of the reduce
+                    # stream, each one's latency passing while the other moves bytes
+                    max(gather, reduce, streams))
         layer = max(compute, comm)
         if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes
             layer = max(layer, _together(tp_s, streams, g_tp, g_stream))
