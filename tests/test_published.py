@@ -33,6 +33,11 @@ CURVE_BOUNDS = {
     "xxrjun_cluster01_h100_1node_allgather": (4, 6),
     "xxrjun_cluster01_h100_1node_reduce_scatter": (3, 14),
     "dkh_a100_1node_g8": (10, 18), "guide_h100_1node_g8": (3, 5),
+    "dgxc_h100_1node_allreduce": (4, 32),
+    "superbench_a100_40gb_1node_allreduce": (10, 21),
+    "superbench_a100_40gb_1node_allgather": (8, 69),
+    "superbench_a100_40gb_1node_reduce_scatter": (9, 68),
+    "ocitutorials_a100_40gb_1node_g8": (15, 35),
 }
 
 
@@ -68,8 +73,8 @@ def test_nccl_tests_curves_within_the_bounds_reached(curve):
 
 def test_most_published_points_are_within_15_percent():
     errors = [abs(m / p - 1) for c in nccl_tests() for _, m, p, _ in predict_curve(c)]
-    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.805
-    assert statistics.median(errors) <= 0.061
+    assert sum(e <= 0.15 for e in errors) / len(errors) >= 0.788
+    assert statistics.median(errors) <= 0.064
 
 
 def test_where_two_measurements_of_one_thing_agree_the_model_mostly_does():
@@ -82,8 +87,8 @@ def test_where_two_measurements_of_one_thing_agree_the_model_mostly_does():
         assert all(ta > 0 and tb > 0 for _, ta, tb in shared)
     points = bench.twin_points()
     agree = [abs(e) for _, _, d, e, _ in points if d <= 0.15]
-    assert (len(points), len(agree)) == (331, 271)
-    assert sum(e <= 0.15 for e in agree) / len(agree) >= 0.90
+    assert (len(points), len(agree)) == (419, 307)
+    assert sum(e <= 0.15 for e in agree) / len(agree) >= 0.915
 
 
 def test_llm_foundry_sweep_is_the_readme_row_for_row():
