@@ -39,7 +39,7 @@ from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params
-from labsim.network import FoldedNetwork, Placed, shared_growth
+from labsim.network import FoldedNetwork, Placed, shared_fractions, shared_growth
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
 from labsim.trace import Span, Trace
@@ -644,7 +644,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     moving together on shared pipes: ``_together``; without prefetch each layer's gathers
     beside the previous layer's reduce: ``_gathers_beside``) on the data-parallel links, and
     no faster than the layer's TP bytes and the streams' moving together where they share
-    pipes.
+    pipes (in backward at the fair shares of all three, after the first latency to pass);
+    where gathers synchronise, a layer that gathers nothing slows the reduces in flight by
+    its TP bytes.
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak
@@ -752,14 +754,27 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
         tp_bytes = tuple((ch.tp.alone_s - ch.tp.latency_s) * (n // layers)
                          for n in (ch.tp_fwd, ch.tp_bwd))
         g_tp, g_stream = shared_growth(ch.tp, c.zero3_gather, c.capacity)
+        g_tp_r, g_r_tp = shared_growth(ch.tp, c.zero3_reduce, c.capacity)
+        # beside both streams at once: TP's growth, and the streams' (their rates together
+        # beside TP against their rates together alone)
+        f_tp, f_g, f_r = shared_fractions([ch.tp, c.zero3_gather, c.zero3_reduce], c.capacity)
+        f_g2, f_r2 = shared_fractions([c.zero3_gather, c.zero3_reduce], c.capacity)
+        g_tp3, g_stream3 = 1 / f_tp - 1, (f_g2 + f_r2) / (f_g + f_r) - 1
 
-    def phase(counts: tuple[int, ...], compute: float, reduce: float, tp_s: float) -> float:
+    def phase(counts: tuple[int, ...], compute: float, reduce: float, tp_s: float,
+              tp_calls: int) -> float:
         if k == 0 and reduce and c.software.zero3_gather_syncs:
             # a layer's gathers wait for the reduces in flight; a layer that gathers nothing
-            # computes beside them
+            # computes beside them, its TP bytes (at its end) sharing pipes with the reduces'
+            # bytes, which fill ``rho`` of the reduce stream's time
             t = free = 0.0
+            rho = moving_r / reduce
             for n in reversed(counts):
                 t = (max(t, free) + n * one if n else t) + compute
+                if tp_s and not n and free > t - tp_s:
+                    wall = min(tp_s * (1 + rho * g_tp_r), free - (t - tp_s))
+                    t += wall * rho * g_tp_r / (1 + rho * g_tp_r)
+                    free += wall * rho * g_r_tp / (1 + g_r_tp)
                 free = max(free, t) + reduce
             return free
         if k == 0 and reduce:  # each layer's gathers move beside the last layer's reduce
@@ -780,15 +795,25 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
                     # stream, each one's latency passing while the other moves bytes
                     max(gather, reduce, streams))
         layer = max(compute, comm)
-        if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes
-            layer = max(layer, _together(tp_s, streams, g_tp, g_stream))
+        if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes, after
+            # the first latency to pass (a stream's, or the hidden TP share's), and, where TP
+            # ends last, after the latency of the TP share left to the layer's end
+            g_a, g_b = (g_tp3, g_stream3) if reduce else (g_tp, g_stream)
+            first = min(gather - moved, reduce - moving_r) if reduce else gather - moved
+            tp_lat = tp_calls * ch.tp.latency_s
+            if h:
+                first = min(first, h * tp_lat)
+            both = _together(tp_s, streams, g_a, g_b)
+            if h and _first_done(streams, tp_s, g_b, g_a) < both:
+                both += (1 - h) * tp_lat
+            layer = max(layer, first + both)
         return gather + (layers - 1) * layer + compute + reduce
 
     extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]
                if c.zero3_extra[0] is not None else 0.0)
     extra_r = c.zero3_extra[1].alone_s if c.zero3_extra[1] is not None else 0.0
-    per_mb = (extra_g + phase(fwd, c_f, 0.0, tp_bytes[0]) + ch.head_fwd
-              + phase(bwd, c_b, r, tp_bytes[1]) + ch.head_bwd + extra_r)
+    per_mb = (extra_g + phase(fwd, c_f, 0.0, tp_bytes[0], ch.tp_fwd // layers) + ch.head_fwd
+              + phase(bwd, c_b, r, tp_bytes[1], ch.tp_bwd // layers) + ch.head_bwd + extra_r)
     return plan.microbatches * per_mb
 
 
