@@ -637,16 +637,17 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     fill's v rounds waits for its p sends) (1F1B, interleaved: uniform stages give Narayanan
     et al.'s ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
-    line (``_bucket_finish``).  ZeRO-3: replayed as the engine runs it, with the two streams'
-    bytes as fluids (``_evaluated_zero3``), when it moves at most ``ZERO3_FLOWS``
-    collectives by events (``ZERO3_TP_FLOWS`` with TP bytes beside the streams); otherwise
-    per layer the slower of compute and the gather (plus the reduce in backward, the two
-    moving together on shared pipes: ``_together``; without prefetch each layer's gathers
-    beside the previous layer's reduce: ``_gathers_beside``) on the data-parallel links, and
-    no faster than the layer's TP bytes and the streams' moving together where they share
-    pipes (in backward at the fair shares of all three, after the first latency to pass);
-    where gathers synchronise, a layer that gathers nothing slows the reduces in flight by
-    its TP bytes.
+    line (``_bucket_finish``); a stage's last chunk's buckets slow its last backward ops
+    beside their TP bytes, a delay the drain carries down (``_buckets_beside_tp``).
+    ZeRO-3: replayed as the engine runs it, with the two streams' bytes as fluids
+    (``_evaluated_zero3``), when it moves at most ``ZERO3_FLOWS`` collectives by events
+    (``ZERO3_TP_FLOWS`` with TP bytes beside the streams); otherwise per layer the slower of
+    compute and the gather (plus the reduce in backward, the two moving together on shared
+    pipes: ``_together``; without prefetch each layer's gathers beside the previous layer's
+    reduce: ``_gathers_beside``) on the data-parallel links, and no faster than the layer's
+    TP bytes and the streams' moving together where they share pipes (in backward at the
+    fair shares of all three, after the first latency to pass); where gathers synchronise, a
+    layer that gathers nothing slows the reduces in flight by its TP bytes.
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak
@@ -700,14 +701,13 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             bubble = ((1 - w) * (sum(work) - max(work)) + w * (p - 1) * max(work)) / v
             pipe = m * max(work) + bubble + comm
     busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
-    ends = []
     drain = 0.0
     zero2 = plan.zero_stage == 2
+    stages = []
     for s in range(p):
         last_end = pipe - drain  # stage s's last backward ends when its gradient has left
         drain += bwd[s] + (0.0 if blocking else send_b[s] if s > 0 else 0.0)
-        free = last_end
-        stream = 0.0
+        stream = late = 0.0
         for j, g in enumerate(range(s, n_chunks, p)):  # chunk g's last backward
             bucket, n = c.buckets[g]
             if bucket is None:
@@ -722,13 +722,46 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                 stream = max(_bucket_finish(stream, t0, d, n, bucket.alone_s),
                              first + m * n * bucket.alone_s)
             else:
+                start = max(stream, t0 + d / n)
                 stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
-        t = max(free, stream) + c.optimizer_s[s]
+                if j == v - 1:  # the buckets beside the stage's last backward ops
+                    op_late, bucket_late = _buckets_beside_tp(c.chunks[g], bucket, n, d,
+                                                              last_end - start, c.capacity)
+                    late += op_late
+                    stream += bucket_late
+        stages.append((last_end, stream, late))
+    # a stage's last backward ops, slowed by the TP bytes beside its last chunk's buckets,
+    # delay every stage the drain reaches after it, down to stage 0 (an earlier chunk's
+    # buckets meet ops the cooldown has slack around, not priced)
+    ends, behind = [0.0] * p, 0.0
+    for s in reversed(range(p)):
+        free, stream, late = stages[s]
+        behind += late
+        t = max(free, stream) + behind + c.optimizer_s[s]
         gather = c.param_gather[s]
         if gather is not None and not c.software.overlap_param_gather:
             t += gather.alone_s
-        ends.append(t)
-    return result_from(c, max(ends), busy, pipe, mem, None)
+        ends[s] = t
+    return result_from(c, max(ends), busy, pipe + behind, mem, None)
+
+
+def _buckets_beside_tp(ch: ChunkCost, bucket: Placed, n: int, op_s: float, window_s: float,
+                       capacity: np.ndarray) -> tuple[float, float]:
+    """Seconds a stage's backward ops and its bucket stream each lose where ``n`` buckets of
+    a chunk move beside the TP bytes of the backward ops after it (one every ``op_s``, their
+    TP bytes ``rho`` of each) for at most ``window_s``: the TP bytes move ``rho`` of the
+    buckets' time, each flow slower by its growth beside the other while both move."""
+    tp = ch.tp
+    if tp is None or not ch.tp_bwd or window_s <= 0 or op_s <= 0:
+        return 0.0, 0.0
+    g_tp, g_b = shared_growth(tp, bucket, capacity)
+    if not g_tp and not g_b:
+        return 0.0, 0.0
+    rho = min(1.0, (tp.alone_s - tp.latency_s) * ch.tp_bwd / op_s)
+    share = rho * (1 + g_tp) / (1 + rho * g_tp)  # of the buckets' time TP moves bytes in
+    moving = n * (bucket.alone_s - bucket.latency_s)
+    life = min(moving / (1 - share * g_b / (1 + g_b)), window_s)
+    return g_tp * rho * life / (1 + rho * g_tp), life - moving if life > moving else 0.0
 
 
 def _zero3_estimate(c: StepCosts, h: float) -> float:
