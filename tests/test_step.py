@@ -962,9 +962,8 @@ def sample_plan(data):
         else "1f1b"
     v = 2 if schedule == "interleaved" else 1
     m = data.draw(st.sampled_from([1, 2, 4, 8])) * (pp if v > 1 else 1)
-    # ZeRO-2 / 3 need one stage; ZeRO-3's TP collectives are priced alone (docs/step.md)
-    zero = data.draw(st.sampled_from([0, 1] if pp > 1 else [0, 1, 2, 3] if tp == 1
-                                     else [0, 1, 2]))
+    # ZeRO-2 / 3 need one stage
+    zero = data.draw(st.sampled_from([0, 1] if pp > 1 else [0, 1, 2, 3]))
     mb = data.draw(st.sampled_from([1, 2, 4]))
     plan = Plan(dp=n // (tp * pp), tp=tp, pp=pp, micro_batch=mb,
                 global_batch=n // (tp * pp) * mb * m, schedule=schedule, virtual_stages=v,
