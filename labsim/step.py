@@ -724,15 +724,16 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             else:
                 start = max(stream, t0 + d / n)
                 stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
-                if j == v - 1:  # the buckets beside the stage's last backward ops
+                if j == v - 1 or m == p:  # beside the stage's last backward ops
                     op_late, bucket_late = _buckets_beside_tp(c.chunks[g], bucket, n, d,
                                                               last_end - start, c.capacity)
                     late += op_late
                     stream += bucket_late
         stages.append((last_end, stream, late))
     # a stage's last backward ops, slowed by the TP bytes beside its last chunk's buckets,
-    # delay every stage the drain reaches after it, down to stage 0 (an earlier chunk's
-    # buckets meet ops the cooldown has slack around, not priced)
+    # delay every stage the drain reaches after it, down to stage 0; so do every chunk's when
+    # all forwards run first (m = p), the backward then one chain through the stages for each
+    # chunk (with a steady phase, an earlier chunk's delays meet slack: not priced)
     ends, behind = [0.0] * p, 0.0
     for s in reversed(range(p)):
         free, stream, late = stages[s]

@@ -567,10 +567,11 @@ def test_the_formula_waits_for_a_send_at_every_chunk_boundary(monkeypatch):
 
 
 def test_the_formula_slows_each_stages_last_backward_by_its_buckets_beside_tp(monkeypatch):
-    """16 interleaved stages of one PCIe box each (TP 4, DP 2, Megatron-Core's overlap):
-    each stage's last chunk's buckets share the box's ports with its last backward ops' TP
-    bytes, and the drain carries each stage's delay down to stage 0 (10.4 % fast against
-    the evaluated schedule when the formula priced every TP collective alone)."""
+    """16 interleaved stages of one PCIe box each (TP 4, DP 2, Megatron-Core's overlap, 16
+    micro-batches: every forward first): each chunk's buckets share the box's ports with its
+    last backward's TP bytes, and each chunk's backward carries each stage's delay down to
+    stage 0 (10.4 % fast against the evaluated schedule when the formula priced every TP
+    collective alone, 7.1 % with the last chunk's delays only)."""
     import labsim.step
 
     model = labsim.Transformer(layers=96, hidden=2048, heads=16, seq_len=2048, vocab=32000)
@@ -582,7 +583,7 @@ def test_the_formula_slows_each_stages_last_backward_by_its_buckets_beside_tp(mo
     formula = estimate_step(model, cluster, plan, memory=False).step_time_s
     monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 6)
     evaluated = estimate_step(model, cluster, plan, memory=False).step_time_s
-    assert -0.075 < formula / evaluated - 1 < 0
+    assert -0.03 < formula / evaluated - 1 < 0
 
 
 def test_a_pipeline_too_long_to_evaluate_gets_the_formula():
