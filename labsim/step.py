@@ -787,28 +787,35 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     if zero3_tp_flows(c):
         tp_bytes = tuple((ch.tp.alone_s - ch.tp.latency_s) * (n // layers)
                          for n in (ch.tp_fwd, ch.tp_bwd))
-        g_tp, g_stream = shared_growth(ch.tp, c.zero3_gather, c.capacity)
-        g_tp_r, g_r_tp = shared_growth(ch.tp, c.zero3_reduce, c.capacity)
-        # beside both streams at once: TP's growth, and the streams' (their rates together
-        # beside TP against their rates together alone)
-        f_tp, f_g, f_r = shared_fractions([ch.tp, c.zero3_gather, c.zero3_reduce], c.capacity)
-        f_g2, f_r2 = shared_fractions([c.zero3_gather, c.zero3_reduce], c.capacity)
-        g_tp3, g_stream3 = 1 / f_tp - 1, (f_g2 + f_r2) / (f_g + f_r) - 1
+        if k == 0 and c.software.zero3_gather_syncs:  # TP beside the reduce stream
+            g_tp_r, g_r_tp = shared_growth(ch.tp, c.zero3_reduce, c.capacity)
+        elif k:
+            g_tp, g_stream = shared_growth(ch.tp, c.zero3_gather, c.capacity)
+            # beside both streams at once: TP's growth, and the streams' (their rates
+            # together beside TP against their rates together alone)
+            f_tp, f_g, f_r = shared_fractions([ch.tp, c.zero3_gather, c.zero3_reduce],
+                                              c.capacity)
+            f_g2, f_r2 = shared_fractions([c.zero3_gather, c.zero3_reduce], c.capacity)
+            g_tp3, g_stream3 = 1 / f_tp - 1, (f_g2 + f_r2) / (f_g + f_r) - 1
 
     def phase(counts: tuple[int, ...], compute: float, reduce: float, tp_s: float,
               tp_calls: int) -> float:
         if k == 0 and reduce and c.software.zero3_gather_syncs:
             # a layer's gathers wait for the reduces in flight; a layer that gathers nothing
-            # computes beside them, its TP bytes (at its end) sharing pipes with the reduces'
-            # bytes, which fill ``rho`` of the reduce stream's time
+            # computes beside them, its TP bytes (at its end) moving together with the reduce
+            # stream left, whose bytes fill ``rho`` of its time: the stream slower by its
+            # growth in its bytes, TP by its own while the stream moves bytes
             t = free = 0.0
             rho = moving_r / reduce
+            if tp_s:
+                g_stream_r = 1 / (1 - rho * g_r_tp / (1 + g_r_tp)) - 1
+                g_tp_stream = g_tp_r * rho * (1 + g_r_tp) / (rho * (1 + g_r_tp) + 1 - rho)
             for n in reversed(counts):
                 t = (max(t, free) + n * one if n else t) + compute
                 if tp_s and not n and free > t - tp_s:
-                    wall = min(tp_s * (1 + rho * g_tp_r), free - (t - tp_s))
-                    t += wall * rho * g_tp_r / (1 + rho * g_tp_r)
-                    free += wall * rho * g_r_tp / (1 + g_r_tp)
+                    at, left = t - tp_s, free - t + tp_s
+                    t = at + _first_done(tp_s, left, g_tp_stream, g_stream_r)
+                    free = at + _first_done(left, tp_s, g_stream_r, g_tp_stream)
                 free = max(free, t) + reduce
             return free
         if k == 0 and reduce:  # each layer's gathers move beside the last layer's reduce
@@ -829,18 +836,23 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
                     # stream, each one's latency passing while the other moves bytes
                     max(gather, reduce, streams))
         layer = max(compute, comm)
-        if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes, after
-            # the first latency to pass (a stream's, or the hidden TP share's), and, where TP
+        if tp_s:  # and the layer's TP bytes share the pipes with the streams' bytes, the
+            # first to start (after a stream's latency, or the hidden TP share's, or the
+            # compute with blocking TP) moving alone until the other starts, and, where TP
             # ends last, after the latency of the TP share left to the layer's end
             g_a, g_b = (g_tp3, g_stream3) if reduce else (g_tp, g_stream)
-            first = min(gather - moved, reduce - moving_r) if reduce else gather - moved
+            at_s = min(gather - moved, reduce - moving_r) if reduce else gather - moved
             tp_lat = tp_calls * ch.tp.latency_s
-            if h:
-                first = min(first, h * tp_lat)
-            both = _together(tp_s, streams, g_a, g_b)
-            if h and _first_done(streams, tp_s, g_b, g_a) < both:
+            at_tp = h * tp_lat if h else compute - tp_s
+            if at_tp <= at_s:
+                tp_left, streams_left = max(0.0, tp_s - (at_s - at_tp)), streams
+            else:
+                tp_left, streams_left = tp_s, max(0.0, streams - (at_tp - at_s))
+            both = max(at_s, at_tp) + _together(tp_left, streams_left, g_a, g_b)
+            if h and _first_done(streams_left, tp_left, g_b, g_a) < _first_done(
+                    tp_left, streams_left, g_a, g_b):
                 both += (1 - h) * tp_lat
-            layer = max(layer, first + both)
+            layer = max(layer, both)
         return gather + (layers - 1) * layer + compute + reduce
 
     extra_g = (c.zero3_extra[0].alone_s + c.zero3_gather_extra_s[1]

@@ -673,26 +673,27 @@ def test_a_zero3_replay_with_tp_beside_the_streams_has_its_own_budget():
                               rel=1e-9)
 
 
-@pytest.mark.parametrize("nodes, dp, tp, micro_batches, recompute, sp", [
-    (1, 2, 4, 2, "selective", True), (2, 8, 2, 8, "selective", False), (1, 4, 2, 8, "none", True),
-    (4, 8, 4, 8, "full", True), (1, 2, 4, 8, "selective", False)])
+@pytest.mark.parametrize("nodes, dp, tp, micro_batches, recompute, sp, mb", [
+    (1, 2, 4, 2, "selective", True, 1), (2, 8, 2, 8, "selective", False, 1),
+    (1, 4, 2, 8, "none", True, 1), (4, 8, 4, 8, "full", True, 1),
+    (1, 2, 4, 8, "selective", False, 1), (2, 4, 4, 8, "selective", True, 2)])
 def test_zero3_beyond_the_replay_prices_tp_bytes_beside_the_streams(nodes, dp, tp,
                                                                     micro_batches, recompute,
-                                                                    sp):
+                                                                    sp, mb):
     """Llama 2 7B, Megatron-Core's TP overlap, ZeRO-3 on PCIe boxes: too long to replay, the
     per-layer phases take each layer's TP bytes and the streams' bytes through their shared
     pipes together (they were priced apart: the first three 20.4 %, 11.0 % and 20.3 % short),
     in backward at TP's and the streams' rates beside both streams at once (the fourth: 7.9 %
-    long at the rates beside the gather stream alone), after the first latency to pass and,
-    where TP ends last, its last share's latency (the last: 1.3 % and 1.6 % short without
-    them)."""
+    long at the rates beside the gather stream alone), the first to start moving alone until
+    the other starts (the last: 2.2 % short when both started after the first latency) and,
+    where TP ends last, after its last share's latency (the fifth: 1.6 % short without)."""
     from labsim.step import _evaluated_zero3
 
     model, cluster = labsim.Transformer.preset("llama2-7b"), labsim.pcie_box(nodes,
                                                                               nics_per_node=2)
-    plan = Plan(dp=dp, tp=tp, micro_batch=1, global_batch=dp * micro_batches, zero_stage=3,
-                software="megatron-core-te", tp_comm_overlap=True, sequence_parallel=sp,
-                recompute=recompute)
+    plan = Plan(dp=dp, tp=tp, micro_batch=mb, global_batch=dp * mb * micro_batches,
+                zero_stage=3, software="megatron-core-te", tp_comm_overlap=True,
+                sequence_parallel=sp, recompute=recompute)
     assert _evaluated_zero3(step_costs(model, cluster, plan)) is None
     sim = simulate_step(model, cluster, plan, memory=False).step_time_s
     assert estimate_step(model, cluster, plan, memory=False).step_time_s == pytest.approx(
@@ -702,8 +703,8 @@ def test_zero3_beyond_the_replay_prices_tp_bytes_beside_the_streams(nodes, dp, t
 def test_zero3_gathers_that_synchronise_price_tp_bytes_beside_the_reduces_in_flight():
     """DeepSpeed 2021's ZeRO-3 with TP on a PCIe box, beyond the replay: its backward gathers
     nothing (every parameter kept within the reuse distance), so each layer computes beside
-    the reduces in flight, and its TP bytes slow them on the shared ports (5.3 % short when
-    the reduce stream ran alone)."""
+    the reduces in flight, and its TP bytes and the reduce stream slow each other on the
+    shared ports (5.3 % short when the reduce stream ran alone)."""
     from labsim.step import _evaluated_zero3
 
     model = labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000)
@@ -1205,8 +1206,9 @@ def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_r
     """The 200 PCIe plans of ``benchmarks/step.py --agreement --zero-tp 3``: where the replay
     moves them (within ``ZERO3_TP_FLOWS``) the two faces are equal; beyond it the per-layer
     phases move each layer's TP bytes and the streams' together (100 % within 2 %, max
-    1.0 %; 96.5 %, max 5.3 %, with TP beside one stream at a time and no latencies; 94.5 %,
-    max 11 %, when they priced TP alone; 71.5 % when the replay did too)."""
+    1.0 %; 96.5 %, max 5.3 %, with TP beside one stream at a time, no latencies and
+    DeepSpeed's reduce stream alone; 94.5 %, max 11 %, when they priced TP alone; 71.5 % when
+    the replay did too)."""
     from labsim.step import _evaluated_zero3
 
     bench = load_benchmark("step")
