@@ -651,6 +651,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak
+    from labsim.uncontended import bucket_growth
 
     c = step_costs(model, cluster, plan)
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
@@ -704,6 +705,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     drain = 0.0
     zero2 = plan.zero_stage == 2
     stages = []
+    growth = None  # chunk -> growths of TP and buckets beside each other, when first needed
     for s in range(p):
         last_end = pipe - drain  # stage s's last backward ends when its gradient has left
         drain += bwd[s] + (0.0 if blocking else send_b[s] if s > 0 else 0.0)
@@ -725,10 +727,14 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                 start = max(stream, t0 + d / n)
                 stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
                 if j == v - 1 or m == p:  # beside the stage's last backward ops
-                    op_late, bucket_late = _buckets_beside_tp(c.chunks[g], bucket, n, d,
-                                                              last_end - start, c.capacity)
-                    late += op_late
-                    stream += bucket_late
+                    if growth is None:  # the chunks priced so: each stage's last, or all
+                        growth = bucket_growth(c, range(n_chunks) if m == p else
+                                               range((v - 1) * p, n_chunks))
+                    if g in growth:
+                        op_late, bucket_late = _buckets_beside_tp(
+                            c.chunks[g], bucket, n, d, last_end - start, *growth[g])
+                        late += op_late
+                        stream += bucket_late
         stages.append((last_end, stream, late))
     # a stage's last backward ops, slowed by the TP bytes beside its last chunk's buckets,
     # delay every stage the drain reaches after it, down to stage 0; so do every chunk's when
@@ -747,16 +753,14 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
 
 
 def _buckets_beside_tp(ch: ChunkCost, bucket: Placed, n: int, op_s: float, window_s: float,
-                       capacity: np.ndarray) -> tuple[float, float]:
+                       g_tp: float, g_b: float) -> tuple[float, float]:
     """Seconds a stage's backward ops and its bucket stream each lose where ``n`` buckets of
     a chunk move beside the TP bytes of the backward ops after it (one every ``op_s``, their
     TP bytes ``rho`` of each) for at most ``window_s``: the TP bytes move ``rho`` of the
-    buckets' time, each flow slower by its growth beside the other while both move."""
+    buckets' time, each flow slower by its growth beside the other while both move
+    (``g_tp``, ``g_b``: ``uncontended.bucket_growth``)."""
     tp = ch.tp
     if tp is None or not ch.tp_bwd or window_s <= 0 or op_s <= 0:
-        return 0.0, 0.0
-    g_tp, g_b = shared_growth(tp, bucket, capacity)
-    if not g_tp and not g_b:
         return 0.0, 0.0
     rho = min(1.0, (tp.alone_s - tp.latency_s) * ch.tp_bwd / op_s)
     share = rho * (1 + g_tp) / (1 + rho * g_tp)  # of the buckets' time TP moves bytes in

@@ -16,6 +16,7 @@ computes when the step has no TP collectives.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -64,10 +65,12 @@ def _contended(c: StepCosts) -> set[int]:
     return {x for x, u in users.items() if len(u) > 1}
 
 
-def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
+def bucket_growth(c: StepCosts, chunks: Iterable[int] | None = None
+                  ) -> dict[int, tuple[float, float]]:
     """Chunk -> (TP growth, bucket growth): how much longer a backward op's TP collectives
-    and its gradient buckets take while both move (``shared_growth``), for every chunk that
-    has both on shared pipes; what ``alone_schedule``'s closed form prices them with."""
+    and its gradient buckets take while both move (``shared_growth``), for every chunk (of
+    ``chunks``, default all) that has both on shared pipes; what ``alone_schedule``'s closed
+    form prices them with."""
     # priced once per pair of costs: both collectives are on the chunk's stage, laid on its
     # pipes by their costs (``FoldedNetwork.place``); and once per kind of pair, the growth
     # being the two flows' loads and caps on which pipes they share (ports and NICs have
@@ -76,7 +79,8 @@ def bucket_growth(c: StepCosts) -> dict[int, tuple[float, float]]:
     by_costs: dict[tuple[int, int], tuple[float, float]] = {}
     by_kind: dict[tuple, tuple[float, float]] = {}
     ports = 2 * c.plan.pp  # pipes below are ports
-    for g, (bucket, n_buckets) in enumerate(c.buckets):
+    for g in range(len(c.buckets)) if chunks is None else chunks:
+        bucket, n_buckets = c.buckets[g]
         tp = c.chunks[g].tp
         if bucket is not None and n_buckets and tp is not None and tp.pipes:
             costs = id(tp.cost), id(bucket.cost)
