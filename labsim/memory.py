@@ -37,6 +37,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from labsim.pipeline import in_flight_peak
 from labsim.precision import PRECISIONS as PRECISION_TABLE
 from labsim.precision import Precision, training_precision
 from labsim.units import fmt_bytes
@@ -165,18 +166,24 @@ def training_memory(
     )
 
 
-def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
+def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0,
+                 layers: int | None = None) -> int:
     """Parameters held by one tensor-parallel rank of pipeline stage ``stage``.
 
-    Layers split evenly over ``pp`` stages; the first stage also holds the embeddings, the
-    last the final norm and output layer (with tied embeddings Megatron keeps a copy of the
-    word embedding there).  Under tensor parallelism (Shoeybi et al. 2019) the QKV, output
-    projection, MLP matrices, column-parallel biases and the vocabulary are split over ``tp``;
-    norms, row-parallel biases and position embeddings are replicated.
+    Layers split evenly over ``pp`` stages (or ``layers`` of them on this stage, as
+    ``Plan.chunk_layers`` gives when the embedding and the loss count as layers); the first
+    stage also holds the embeddings, the last the final norm and output layer (with tied
+    embeddings Megatron keeps a copy of the word embedding there).  Under tensor parallelism
+    (Shoeybi et al. 2019) the QKV, output projection, MLP matrices, column-parallel biases and
+    the vocabulary are split over ``tp``; norms, row-parallel biases and position embeddings
+    are replicated.
     """
     model.check_tp(tp)
-    if not isinstance(pp, int) or pp < 1 or model.layers % pp:
+    if not isinstance(pp, int) or pp < 1 or (layers is None and model.layers % pp):
         raise ValueError(f"pp={pp!r} must be a positive divisor of layers={model.layers}")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)
+                               or not 0 <= layers <= model.layers):
+        raise ValueError(f"layers={layers!r} must be a whole number in 0..{model.layers}")
     if not 0 <= stage < pp:
         raise ValueError(f"stage={stage} must be in 0..{pp - 1}")
     h, f, kv, m = model.hidden, model.ffn_hidden, model.kv_dim, model.mlp_matrices
@@ -189,7 +196,7 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     else:
         replicated_bias = 0
     per_layer = sharded + replicated_bias + 2 * model.norm_params
-    total = (model.layers // pp) * per_layer
+    total = (model.layers // pp if layers is None else layers) * per_layer
     vocab_shard = -(-model.vocab // tp) * h
     if stage == 0:
         total += vocab_shard
@@ -346,7 +353,9 @@ def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreak
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
     at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
     ``dp``) and the activations of ``in_flight`` chunks (``activation_per_layer``; with
-    FlashAttention no s x s scores are kept).  ZeRO-3 adds the layers it has gathered in full:
+    FlashAttention no s x s scores are kept).  Where the plan counts the embedding as a layer
+    (``Plan.chunk_layers``), the first stage's chunks differ and its schedule is walked for
+    the most layers' activations held at once.  ZeRO-3 adds the layers it has gathered in full:
     the one computing, the one whose gradients are being reduced, and ``zero3_prefetch``
     ahead.  Allocator fragmentation, workspaces and communication buffers are not counted.
     """
@@ -357,8 +366,14 @@ def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreak
         model, micro_batch=plan.micro_batch, tp=plan.tp,
         sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
         dtype_bytes=prec.activation_bytes, attention=plan.attention)
-    activations = per_layer * (model.layers // chunks) * in_flight
-    n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g)
+    split = plan.chunk_layers(model.layers)
+    mine = split[0::plan.pp]  # the first stage's chunks, in its local order
+    if len(set(mine)) == 1:
+        held = mine[0] * in_flight
+    else:  # the embedding counted as a layer: chunk 0 holds fewer; walk the schedule
+        held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine)
+    activations = per_layer * held
+    n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g])
                   for g in range(0, chunks, plan.pp)))
     states = training_memory(n, precision=prec, optimizer=plan.optimizer,
                              zero_stage=plan.zero_stage, dp=plan.dp)

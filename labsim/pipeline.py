@@ -20,8 +20,11 @@ the step, and interleaving over ``v`` chunks divides the bubble time by ``v``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 from labsim.trace import Span, Trace
 
@@ -123,17 +126,19 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     raise ValueError(f"unknown schedule {name!r}; choose 'gpipe', '1f1b' or 'interleaved'")
 
 
-def max_in_flight(ops: tuple[Op, ...]) -> int:
+def max_in_flight(ops: tuple[Op, ...], weights: Sequence[float] | None = None) -> float:
     """Most (micro-batch, chunk) activations held at once by a stage running ``ops``: forwards
     done whose backward has not run yet (with a split backward, whose weight-gradient pass W
-    has not: W still reads the layer inputs)."""
+    has not: W still reads the layer inputs).  With ``weights`` (one per local chunk, e.g.
+    its layers) each activation counts its chunk's weight: the peak of their sum."""
     deferred = {(op.microbatch, op.chunk) for op in ops if op.kind == "W"}
     held = peak = 0
     for op in ops:
+        w = 1 if weights is None else weights[op.chunk]
         if op.kind == "F":
-            held += 1
+            held += w
         elif op.kind == "W" or (op.kind == "B" and (op.microbatch, op.chunk) not in deferred):
-            held -= 1
+            held -= w
         peak = max(peak, held)
     return peak
 
@@ -343,17 +348,28 @@ def pipeline_time(p: int, m: int, t_f: float, t_b: float, v: int = 1) -> float:
     return (m + (p - 1) / v) * (t_f + t_b)
 
 
-def in_flight_peak(name: str, p: int, m: int, v: int = 1) -> int:
+def in_flight_peak(name: str, p: int, m: int, v: int = 1,
+                   weights: Sequence[float] | None = None) -> float:
     """``max_in_flight`` of stage 0 of ``make_schedule(name, p, m, v)`` without building it:
     GPipe holds all m; 1F1B min(p, m); interleaved 1F1B its warm-up plus one (all m v when
-    m == p, Megatron-LM's rule)."""
+    m == p, Megatron-LM's rule).  With ``weights`` (one per local chunk of stage 0) the peak
+    of their sum, stage 0's interleaved order walked without building its ops."""
     _check(p, m, v)
+    if weights is not None and len(set(weights)) == 1:
+        return weights[0] * in_flight_peak(name, p, m, v)
     if name == "gpipe":
-        return m
+        return m if weights is None else m * sum(weights)
     if name == "1f1b":
-        return min(p, m)
+        return min(p, m) if weights is None else min(p, m) * weights[0]
     total = m * v
-    if m == p:
-        return total
-    warmup = min((p - 1) * 2 + (v - 1) * p, total)
-    return warmup + 1 if warmup < total else total
+    warmup = total if m == p else min((p - 1) * 2 + (v - 1) * p, total)
+    if weights is None:
+        return warmup + 1 if warmup < total else total
+    # interleaved_one_f_one_b's stage 0: forward k runs chunk (k // p) % v, backward k chunk
+    # v - 1 - (k // p) % v; the warm-up's forwards, then one forward and one backward in turn
+    w = np.asarray(weights, dtype=float)
+    rounds = (np.arange(total) // p) % v
+    added, freed = w[rounds], w[v - 1 - rounds]
+    steady = np.empty(2 * (total - warmup))
+    steady[0::2], steady[1::2] = added[warmup:], -freed[:total - warmup]
+    return float(np.cumsum(np.concatenate((added[:warmup], steady))).max())

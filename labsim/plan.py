@@ -82,6 +82,12 @@ class Plan:
     zero3_prefetch: ZeRO-3 layers whose all-gather runs ahead of the one computing.
     attention: ``"flash"`` (fused kernel; no s x s tensor in HBM) or ``"standard"``.
     optimizer: ``"adam"``, ``"sgd"`` or ``"sgd-momentum"``.
+    account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: count the
+        embedding (the output layer and loss) as one layer when the layers are split over the
+        ``pp * virtual_stages`` model chunks, so the first (last) chunk holds one layer less
+        (Megatron-Core's options of these names, ``TransformerConfig``; Llama 3 405B: 126
+        layers + 2 over 16 stages of 8 chunks, "the first model chunk on the first stage has
+        only the embedding", Llama Team 2024, section 3.3.2).  ``chunk_layers`` gives the split.
     """
 
     dp: int = 1
@@ -102,6 +108,8 @@ class Plan:
     software: str | SoftwareProfile = "generic"
     tp_comm_overlap: bool | None = None
     zero3_prefetch: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
@@ -166,6 +174,10 @@ class Plan:
         if not isinstance(self.software, SoftwareProfile) and (
                 not isinstance(self.software, str) or self.software not in PROFILES):
             raise ValueError(f"software={self.software!r}: choose one of {tuple(PROFILES)}")
+        for name in ("account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be True or False")
         self._resolve_defaults()
         if self.sequence_parallel and self.tp < 2:
             raise ValueError("sequence_parallel needs tp > 1 (it shards over the TP group)")
@@ -204,6 +216,34 @@ class Plan:
         """Micro-batches per replica per step: global_batch / (dp * micro_batch)."""
         return self.global_batch // (self.dp * self.micro_batch)
 
+    def chunk_layers(self, layers: int) -> tuple[int, ...]:
+        """Transformer layers of each of the ``pp * virtual_stages`` model chunks, in model
+        order (chunk ``g`` runs on stage ``g % pp``): ``layers`` split evenly, the embedding
+        and the loss counted as a layer each where the plan says so (Megatron-Core
+        ``get_num_layers_to_build``).  Raises ``ValueError`` naming the fix when the count
+        does not split evenly."""
+        chunks = self.pp * self.virtual_stages
+        extra = (int(self.account_for_embedding_in_pipeline_split)
+                 + int(self.account_for_loss_in_pipeline_split))
+        total = layers + extra
+        counted = f"layers={layers}" + (f" + {extra} (the embedding / loss counted as layers)"
+                                        if extra else "")
+        if chunks > total:
+            raise ValueError(
+                f"pp * virtual_stages = {self.pp} * {self.virtual_stages} = {chunks} is more "
+                f"than {counted}: every model chunk needs at least one layer; use "
+                f"pp * virtual_stages <= {total}")
+        if total % chunks:
+            raise ValueError(
+                f"{counted} is not divisible by pp * virtual_stages = {self.pp} * "
+                f"{self.virtual_stages} = {chunks}; every model chunk needs the same number "
+                f"of layers")
+        per = total // chunks
+        out = [per] * chunks
+        out[0] -= int(self.account_for_embedding_in_pipeline_split)
+        out[-1] -= int(self.account_for_loss_in_pipeline_split)
+        return tuple(out)
+
     @property
     def numerics(self) -> Precision:
         """The ``labsim.precision.Precision`` that ``precision`` names."""
@@ -233,19 +273,7 @@ class Plan:
                 f"tp={self.tp} and kv_heads={kv_heads}: one must divide the other so KV heads "
                 f"are split or replicated evenly"
             )
-        chunks = self.pp * self.virtual_stages
-        if chunks > layers:
-            raise ValueError(
-                f"pp * virtual_stages = {self.pp} * {self.virtual_stages} = {chunks} is more "
-                f"than layers={layers}: every model chunk needs at least one layer; use "
-                f"pp * virtual_stages <= {layers}"
-            )
-        if layers % chunks:
-            raise ValueError(
-                f"layers={layers} is not divisible by pp * virtual_stages = {self.pp} * "
-                f"{self.virtual_stages} = {chunks}; every model chunk needs the same number "
-                f"of layers"
-            )
+        self.chunk_layers(layers)
         if gpus is not None and self.gpus != gpus:
             raise ValueError(
                 f"dp * tp * pp = {self.dp} * {self.tp} * {self.pp} = {self.gpus} but the "

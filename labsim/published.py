@@ -157,13 +157,19 @@ class Run:
 
     def measured_step_s(self) -> float:
         """The measured step time: as printed, or from tokens/s per GPU, or from TFLOP/s per
-        GPU with Narayanan et al. 2021's Eq. 3 (which counts recomputation)."""
+        GPU with the run's FLOP count: PaLM's ``6 N + 12 L H Q T`` per token where
+        ``measured["flops"]`` is ``"palm"`` (Chowdhery et al. 2022, Appendix B; N every
+        parameter), else Narayanan et al. 2021's Eq. 3 (which counts recomputation)."""
         meas, model = self.measured, self.model
         if meas.get("step_time_s"):
             return float(meas["step_time_s"])
         tokens = self.plan_spec["global_batch"] * model.seq_len
         if meas.get("tokens_per_s_per_gpu"):
             return tokens / (meas["tokens_per_s_per_gpu"] * self.gpus)
+        if meas.get("flops") == "palm":
+            per_token = 6 * model.params + 12 * (model.layers * model.heads * model.head_dim
+                                                 * model.seq_len)
+            return per_token * tokens / (self.gpus * meas["tflops_per_gpu"] * 1e12)
         s, layers, h, v = model.seq_len, model.layers, model.hidden, model.vocab
         flops = 96 * self.plan_spec["global_batch"] * s * layers * h * h * (
             1 + s / (6 * h) + v / (16 * layers * h))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -308,30 +309,32 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages
-    per_chunk = model.layers // n_chunks
+    split = plan.chunk_layers(model.layers)
     # Megatron-LM: 2 all-reduces of the layer output per layer forward and 2 in backward; with
     # sequence parallelism each is a reduce-scatter + an all-gather of the same bytes.
     calls = 2 * (2 if plan.sequence_parallel else 1)
     tp_place = _Placer(net, tp_group)
     tp_op = "reduce_scatter" if plan.sequence_parallel else "allreduce"
-    rec = calls * per_chunk if plan.recompute == "full" else 0
     figures = {}  # a chunk's figures but its TP collective (they differ only at the ends)
     for end in {0, min(1, n_chunks - 1), n_chunks - 1}:  # first, middle, last
         f, b = (head_f, head_b) if end == n_chunks - 1 else (compute.PassCost(),
                                                               compute.PassCost())
+        n = split[end]
         figures[end] = (
-            per_chunk, per_chunk * lc.forward.time_s + f.time_s,
-            per_chunk * lc.backward.time_s + b.time_s, per_chunk * lc.recompute.time_s,
+            n, n * lc.forward.time_s + f.time_s,
+            n * lc.backward.time_s + b.time_s, n * lc.recompute.time_s,
             f.time_s, b.time_s,
-            per_chunk * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
-            + f.flops + b.flops, per_chunk * lc.model_flops + f.flops + b.flops,
-            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end)))
-    tp_bytes, tp_fwd = round(lc.tp_bytes), calls * per_chunk
+            n * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
+            + f.flops + b.flops, n * lc.model_flops + f.flops + b.flops,
+            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n)))
+    tp_bytes = round(lc.tp_bytes)
     out = []
     for g in range(n_chunks):
+        figure = figures[g if g in (0, n_chunks - 1) else 1]
+        tp_fwd = calls * figure[0]
+        rec = tp_fwd if plan.recompute == "full" else 0
         tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
-        out.append(ChunkCost(*figures[g if g in (0, n_chunks - 1) else 1], tp, tp_fwd,
-                             tp_fwd + rec))
+        out.append(ChunkCost(*figure, tp, tp_fwd, tp_fwd + rec))
     return out
 
 
@@ -710,7 +713,12 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         last_end = pipe - drain  # stage s's last backward ends when its gradient has left
         drain += bwd[s] + (0.0 if blocking else send_b[s] if s > 0 else 0.0)
         stream = late = 0.0
-        for j, g in enumerate(range(s, n_chunks, p)):  # chunk g's last backward
+        # the backwards visit a stage's chunks from its last (local v - 1) to its first, in
+        # rounds of p ops of one chunk: chunk j's last backward ends p ops of each chunk
+        # before it (j - 1 ... 0) ahead of the stage's last, and its buckets go in that order
+        before = list(accumulate((p * bwd[s + j * p] for j in range(v - 1)), initial=0.0))
+        for j in reversed(range(v)):
+            g = s + j * p
             bucket, n = c.buckets[g]
             if bucket is None:
                 continue
@@ -718,7 +726,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
                 stream = max(stream, last_end) + n * (m if zero2 else 1) * bucket.alone_s
                 continue
             d = bwd[g]
-            t0 = last_end - d - (v - 1 - j) * p * d if v > 1 else last_end - d
+            t0 = last_end - before[j] - d
             if zero2:  # buckets after every backward: the backlog of m of them
                 first = t0 - (m - 1) * (stage_f[s] + stage_b[s])
                 stream = max(_bucket_finish(stream, t0, d, n, bucket.alone_s),
@@ -726,10 +734,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             else:
                 start = max(stream, t0 + d / n)
                 stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
-                if j == v - 1 or m == p:  # beside the stage's last backward ops
+                if j == 0 or m == p:  # beside the stage's last backward ops
                     if growth is None:  # the chunks priced so: each stage's last, or all
-                        growth = bucket_growth(c, range(n_chunks) if m == p else
-                                               range((v - 1) * p, n_chunks))
+                        growth = bucket_growth(c, range(n_chunks) if m == p else range(p))
                     if g in growth:
                         op_late, bucket_late = _buckets_beside_tp(
                             c.chunks[g], bucket, n, d, last_end - start, *growth[g])

@@ -62,6 +62,20 @@ def test_stage_params_degenerate_and_tp() -> None:
     assert m.params / 8 < tp8 < m.params / 8 * 1.01
 
 
+def test_stage_params_of_a_stage_given_its_layers() -> None:
+    """With the embedding counted as a layer (``Plan.chunk_layers``) the first stage holds
+    one layer less: its parameters drop by exactly one layer's."""
+    m = Transformer.preset("llama2-7b")
+    even = stage_params(m, tp=2, pp=4, stage=0)
+    fewer = stage_params(m, tp=2, pp=4, stage=0, layers=m.layers // 4 - 1)
+    layer = stage_params(m, tp=2, pp=4, stage=1) - stage_params(
+        m, tp=2, pp=4, stage=1, layers=m.layers // 4 - 1)
+    assert even - fewer == layer > 0
+    assert stage_params(m, pp=m.layers + 2, stage=0, layers=0) == m.vocab * m.hidden
+    with pytest.raises(ValueError, match="layers=-1"):
+        stage_params(m, pp=4, layers=-1)
+
+
 def test_model_with_activations() -> None:
     m = Transformer.preset("gpt2-124m")
     mem = training_memory(m, micro_batch=4)

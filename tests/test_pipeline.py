@@ -11,6 +11,7 @@ from labsim.pipeline import (
     Op,
     bubble_fraction,
     gpipe,
+    in_flight_peak,
     interleaved_one_f_one_b,
     make_schedule,
     max_in_flight,
@@ -109,6 +110,27 @@ def test_interleaved_in_flight_matches_korthikanti_factor(p, v):
     # stage 0 holds L (1 + (p - 1)/(p v)) layers' worth = (p v + p - 1) chunks of L/(p v)
     ops = interleaved_one_f_one_b(p, 2 * p, v)[0]
     assert max_in_flight(ops) == p * v + p - 1
+
+
+def test_in_flight_weighted_by_the_layers_of_each_chunk():
+    """Llama 3 405B's first stage: 8 chunks of one layer, the first holding only the
+    embedding; at its peak it holds 142 + 1 (micro-batch, chunk) activations, 30 of them of
+    chunk 0, so 112 layers' worth when chunk 0 weighs nothing."""
+    ops = interleaved_one_f_one_b(16, 32, 8)[0]
+    assert max_in_flight(ops) == 143 == max_in_flight(ops, [1] * 8)
+    assert max_in_flight(ops, [0] + [1] * 7) == 112
+    assert max_in_flight(ops, [2] * 8) == 286
+    every_forward_first = interleaved_one_f_one_b(16, 16, 8)[0]
+    assert max_in_flight(every_forward_first, [0] + [1] * 7) == 16 * 7
+    for p, m, v in itertools.product([2, 4, 16], [1, 2, 3, 4, 8, 32], [1, 2, 3, 8]):
+        if (v > 1 and m % p) or (v == 1 and p > 16):
+            continue
+        name = "interleaved" if v > 1 else "1f1b"
+        for weights in ([0] + [1] * (v - 1), [3] + [1] * (v - 2) + [2], [2] * v):
+            ops = make_schedule(name, p, m, v)[0]
+            assert in_flight_peak(name, p, m, v, weights) == max_in_flight(ops, weights)
+        ops = gpipe(p, m)[0]
+        assert in_flight_peak("gpipe", p, m, 1, [2]) == max_in_flight(ops, [2])
 
 
 def test_interleaved_needs_m_multiple_of_p():

@@ -98,3 +98,30 @@ def test_validate_for_model_and_gpus():
         Plan(dp=3, tp=2, pp=1).validate_for(model, 8)
     with pytest.raises(ValueError, match="change tp or pp"):
         Plan(dp=1, tp=3, pp=1).validate_for(model, 8)
+
+
+def test_the_embedding_and_the_loss_can_count_as_layers():
+    """Megatron-Core's account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_
+    split, Llama 3 405B's layout: 126 layers + 2 over 16 stages of 8 chunks."""
+    both = Plan(pp=16, schedule="interleaved", virtual_stages=8, global_batch=16,
+                account_for_embedding_in_pipeline_split=True,
+                account_for_loss_in_pipeline_split=True)
+    assert both.chunk_layers(126) == (0,) + (1,) * 126 + (0,)
+    first = Plan(pp=4, account_for_embedding_in_pipeline_split=True)
+    assert first.chunk_layers(23) == (5, 6, 6, 6)
+    assert Plan(pp=4).chunk_layers(24) == (6, 6, 6, 6)
+    one = Plan(account_for_embedding_in_pipeline_split=True,
+               account_for_loss_in_pipeline_split=True)
+    assert one.chunk_layers(12) == (12,)  # one chunk holds everything either way
+    with pytest.raises(ValueError, match=r"layers=24 \+ 1 \(the embedding / loss counted as "
+                       r"layers\) is not divisible by pp \* virtual_stages = 4"):
+        first.chunk_layers(24)
+    with pytest.raises(ValueError, match="at least one layer"):
+        both.chunk_layers(125)
+    with pytest.raises(ValueError, match="True or False"):
+        Plan(pp=2, account_for_loss_in_pipeline_split=1)
+    model = Transformer(layers=14, hidden=512, heads=8, seq_len=128, vocab=1000)
+    Plan(pp=4, account_for_embedding_in_pipeline_split=True,
+         account_for_loss_in_pipeline_split=True).validate_for(model)
+    with pytest.raises(ValueError, match="layers=14 is not divisible by pp"):
+        Plan(pp=4).validate_for(model)

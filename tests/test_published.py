@@ -63,6 +63,18 @@ def test_the_held_out_set_is_what_the_issue_asks_for():
     assert not {r.id for r in held} & {r.id for r in runs() if r.role == "calibration"}
 
 
+def test_llama3_405b_step_time_is_palms_flop_count_at_the_published_rate():
+    """Table 4's 430 TFLOP/s per GPU on 8,192 H100, counted as PaLM's 6N + 12LHQT per token
+    (the paper's MFU cites Chowdhery et al.): 16M tokens a step in 12.56 s."""
+    run = next(r for r in runs() if r.id == "meta2024_llama3_405b_8192gpu")
+    n, tokens = run.model.params, 2048 * 8192
+    assert 405.8e9 < n < 405.9e9
+    per_token = 6 * n + 12 * 126 * 128 * 128 * 8192
+    assert run.measured_step_s() == pytest.approx(per_token * tokens / (8192 * 430e12))
+    assert run.measured_step_s() == pytest.approx(12.56, abs=0.01)
+    assert run.plan.chunk_layers(126) == (0,) + (1,) * 126 + (0,)
+
+
 @pytest.mark.parametrize("curve", nccl_tests(), ids=lambda c: c.id)
 def test_nccl_tests_curves_within_the_bounds_reached(curve):
     errors = [abs(m / p - 1) for _, m, p, _ in predict_curve(curve)]

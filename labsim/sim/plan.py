@@ -190,7 +190,9 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
         return "tp does not divide heads"
     if kv % tp and tp % kv:
         return "tp and kv_heads do not split evenly"
-    if model.layers % (pp * v):
+    counted = (model.layers + bool(spec.get("account_for_embedding_in_pipeline_split"))
+               + bool(spec.get("account_for_loss_in_pipeline_split")))
+    if counted % (pp * v) or counted < pp * v:
         return "pp x virtual stages does not divide layers"
     gb = spec.get("global_batch") or dp * mb
     if gb % (dp * mb):
