@@ -1014,7 +1014,7 @@ def test_counting_the_embedding_and_the_loss_as_layers_balances_the_pipeline():
     128 split evenly by more than the two layers' work: the last stage no longer carries the
     output layer and loss on top of 8 layers.  The closed form prices the uneven chunks (a
     long pipeline: its formulas) as the engine does, and the first stage's memory holds what
-    its schedule keeps: 112 layers' activations, the 30 of chunk 0 in flight holding none."""
+    its schedule keeps: 112 layers' activations, the 31 of chunk 0 in flight holding none."""
     from labsim.memory import activation_per_layer
 
     model, cluster, plan = _llama3_405b(126, True)
