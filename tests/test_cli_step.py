@@ -50,6 +50,20 @@ def test_bad_configs_exit_2(text, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_the_embedding_and_the_loss_counted_as_layers_on_the_command_line(tmp_path, capsys):
+    config = {
+        "model": {"layers": 6, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 1000},
+        "cluster": {"preset": "dgx-a100", "nodes": 1},
+        "plan": {"dp": 2, "pp": 4, "global_batch": 8,
+                 "account_for_embedding_in_pipeline_split": True,
+                 "account_for_loss_in_pipeline_split": True},
+    }
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    assert main(["simulate", str(path)]) == 0
+    assert "embedding counted as a layer, loss counted as a layer" in capsys.readouterr().out
+
+
 def test_missing_file_exits_2(capsys):
     assert main(["simulate", "no/such/config.toml"]) == 2
     assert "not found" in capsys.readouterr().err
@@ -74,6 +88,10 @@ PRESETS = "[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\n"
      "[model]"),
     ("[model]\npreset='gpt2-124m'\n[cluster]\npreset='dgx_a100'\n[plan]\ndp=8\npp=24\n"
      "global_batch=24\n", "at least one layer"),
+    (PRESETS + "[plan]\ndp=4\npp=2\naccount_for_loss_in_pipeline_split='yes'\n",
+     "True or False"),
+    (PRESETS + "[plan]\ndp=4\npp=2\naccount_for_loss_in_pipeline_split=true\n",
+     "layers=12 + 1 (the embedding / loss counted as layers) is not divisible"),
 ])
 def test_bad_values_are_one_line_naming_the_key(text, message, tmp_path, capsys):
     path = tmp_path / "bad.toml"

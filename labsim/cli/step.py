@@ -140,7 +140,10 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         f"plan     dp={p.dp} tp={p.tp} pp={p.pp} (v={p.virtual_stages}, {p.schedule}), "
         f"micro-batch {p.micro_batch} x {p.microbatches} per replica, global batch "
         f"{p.global_batch}, ZeRO-{p.zero_stage}, recompute={p.recompute}, "
-        f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}",
+        f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}"
+        + ("".join(f", {what} counted as a layer" for what, counted in (
+            ("embedding", p.account_for_embedding_in_pipeline_split),
+            ("loss", p.account_for_loss_in_pipeline_split)) if counted)),
         f"step     {result.step_time_s:.4g} s   {result.tokens_per_s:,.0f} tokens/s   "
         f"{result.model_flops_per_gpu_s / 1e12:.1f} TFLOP/s per GPU",
         f"MFU      {result.mfu:.1%}   HFU {result.hfu:.1%}   pipeline bubble "
