@@ -191,3 +191,21 @@ def test_property_interleaved_closed_form_and_more_microbatches_less_bubble(p, k
     assert r.step_time_s == pytest.approx(pipeline_time(p, m, 1.0, 2.0, v), rel=1e-9)
     more = simulate_pipeline(p, m + p, 1.0, 2.0, schedule="interleaved", v=v)
     assert more.bubble_fraction < r.bubble_fraction
+
+
+def test_llama3_405b_balances_its_ends_by_counting_the_embedding_and_loss_as_layers():
+    """Lab 11 section 11: the published layout against 128 layers split evenly (1.6 % more
+    work, 7 % more time: the last stage's output layer and loss on top of 8 layers), and the
+    first stage lighter by its embedding-only chunk's activations."""
+    from labsim.sim.pipeline import balanced_ends
+
+    measured_s, published, even = balanced_ends()
+    assert published.chunk_layers == (0,) + (1,) * 126 + (0,)
+    assert even.chunk_layers == (1,) * 128
+    assert even.model_flops / published.model_flops == pytest.approx(1.016, abs=0.002)
+    assert published.busiest_stage_s < even.busiest_stage_s
+    assert even.step_s > 1.05 * published.step_s and even.bubble > published.bubble
+    assert even.memory_bytes - published.memory_bytes > 20e9
+    assert published.step_s == pytest.approx(measured_s, rel=0.03)
+    with pytest.raises(ValueError, match="counts the embedding as a layer"):
+        balanced_ends("narayanan2021_t1_1.7B")

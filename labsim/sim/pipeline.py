@@ -10,17 +10,21 @@ O(ops) with few events.
 
 ``simulate_pipeline`` is the simulated face of ``pipeline_time`` (uniform stages).  A whole
 training step runs in ``labsim.sim.step``, whose engine executes the same op lists with every
-byte on the shared network.
+byte on the shared network; ``balanced_ends`` runs Llama 3 405B's published pipeline there,
+the embedding and the loss counted as layers, beside the same pipeline split evenly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import simpy
 
 from labsim.pipeline import Op, make_schedule, max_in_flight
+from labsim.published import runs
+from labsim.sim.step import simulate_step
+from labsim.step import step_costs
 from labsim.trace import Span, Trace
 
 
@@ -225,3 +229,50 @@ def simulate_pipeline(p: int, m: int, t_f: float, t_b: float, *, schedule: str =
     return PipelineResult(end, bubble, tuple(st.in_flight for st in stats), spans)
 
 
+
+
+@dataclass(frozen=True)
+class EndsRow:
+    """One way to place a model's layers on a pipeline's chunks, simulated: the layers of each
+    model chunk, the busiest stage's compute for one micro-batch (forward and backward of its
+    chunks), the step, its bubble, the model FLOPs of the step (all GPUs) and the first
+    stage's memory."""
+
+    label: str
+    chunk_layers: tuple[int, ...]
+    busiest_stage_s: float
+    step_s: float
+    bubble: float
+    model_flops: float
+    memory_bytes: float
+    fits: bool
+
+
+def balanced_ends(run_id: str = "meta2024_llama3_405b_8192gpu") -> tuple[float, EndsRow, EndsRow]:
+    """Llama 3 405B's pipeline balancing (Llama Team 2024, section 3.3.2: "we reduce one
+    Transformer layer each from the first and the last stages", so the first chunk holds only
+    the embedding and the last only the output layer and loss): the published run of
+    ``labsim.published`` as laid out (126 layers, the embedding and the loss counted as a
+    layer each: 16 stages of 8 one-layer chunks) and the same pipeline with 128 layers split
+    evenly, the output layer and loss on top of the last stage's 8.  Returns (the measured
+    step in seconds, the published layout, the even split)."""
+    run = next((r for r in runs() if r.id == run_id), None)
+    if run is None or not run.plan.account_for_embedding_in_pipeline_split:
+        raise ValueError(f"run_id={run_id!r}: choose a published run whose plan counts the "
+                         "embedding as a layer, e.g. 'meta2024_llama3_405b_8192gpu'")
+    model, cluster, plan = run.model, run.cluster, run.plan
+    extra = (int(plan.account_for_embedding_in_pipeline_split)
+             + int(plan.account_for_loss_in_pipeline_split))
+    even = (replace(model, layers=model.layers + extra),
+            replace(plan, account_for_embedding_in_pipeline_split=False,
+                    account_for_loss_in_pipeline_split=False))
+    rows = []
+    for label, (m, p) in (("published: embedding, loss as layers", (model, plan)),
+                          (f"{model.layers + extra} layers split evenly", even)):
+        c = step_costs(m, cluster, p)
+        busiest = max(sum(ch.t_fwd + ch.t_bwd + ch.t_rec for ch in c.chunks[s::p.pp])
+                      for s in range(p.pp))
+        r = simulate_step(m, cluster, p)
+        rows.append(EndsRow(label, p.chunk_layers(m.layers), busiest, r.step_time_s,
+                            r.bubble_fraction, c.flops[0], r.peak_memory_bytes, r.fits))
+    return run.measured_step_s(), rows[0], rows[1]
