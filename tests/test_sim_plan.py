@@ -59,6 +59,23 @@ def test_refusal_agrees_with_plan_on_every_candidate(model: labsim.Transformer) 
     assert len(seen - {None}) >= 3  # several distinct reasons, not one catch-all
 
 
+def test_the_search_takes_the_embedding_and_the_loss_as_layers() -> None:
+    """14 layers: no pipeline of 4 stages without the two options; with them every plan of
+    the search carries them, pipelines of 4 (14 + 2 = 16) are ranked, and ``refusal`` agrees
+    with ``Plan`` on every candidate."""
+    model = labsim.Transformer(layers=14, hidden=1024, heads=16, seq_len=1024, vocab=32000)
+    split = dict(account_for_embedding_in_pipeline_split=True,
+                 account_for_loss_in_pipeline_split=True)
+    cluster = labsim.dgx_a100(1)
+    plain = plan_search(model, cluster, 32, workers=1, confirm=1, **SPACE)
+    both = plan_search(model, cluster, 32, workers=1, confirm=1, **SPACE, **split)
+    assert not any(r.plan.pp == 4 for r in plain.ranked)
+    assert any(r.plan.pp == 4 for r in both.ranked)
+    assert all(r.plan.account_for_loss_in_pipeline_split for r in both.ranked)
+    for spec in candidate_plans(model, cluster, 32, **SPACE, **split):
+        assert (refusal(spec, model) is not None) == _plan_refuses(spec, model, 8), spec
+
+
 def test_each_reason_is_named() -> None:
     gqa = labsim.Transformer(layers=6, hidden=512, heads=8, kv_heads=4, seq_len=128,
                              vocab=1000)
