@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, init_method=call.get("init_method") or "env://",
                                 rank=rank, world_size=world,
                                 timeout=timedelta(seconds=float(call["timeout_s"])))
+        # every rank connected before any runs fn: gloo's connectFullMesh can still be
+        # handshaking on one rank when a peer that has finished its side runs a short fn,
+        # destroys the group and exits ("Connection closed by peer")
+        dist.barrier()
         value = fn(rank, world, *call["args"], **call["kwargs"])
         outcome = WorkerOutcome(True, value, finished_at=time.time())
     except BaseException as exc:  # noqa: BLE001 - report everything to the launcher
