@@ -3,7 +3,8 @@
 ``launch(fn, nprocs)`` starts ``nprocs`` fresh Python processes (``python -m
 labsim.lab.worker``), each joins a ``torch.distributed`` process group (gloo on CPUs, NCCL
 when there is one CUDA GPU per worker), meeting through a file in the launch's own temporary
-directory (no TCP port chosen in advance that another launch could take first), and calls
+directory (no TCP port chosen in advance that another launch could take first), meets the
+others at a barrier (so no rank runs and exits while a peer is still connecting), and calls
 ``fn(rank, world_size, *args, **kwargs)``.  It returns every rank's return value, or raises:
 
 * ``WorkerError`` when a worker raised: the message carries that worker's traceback (the
