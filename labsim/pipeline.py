@@ -355,12 +355,12 @@ def in_flight_peak(name: str, p: int, m: int, v: int = 1,
     m == p, Megatron-LM's rule).  With ``weights`` (one per local chunk of stage 0) the peak
     of their sum, stage 0's interleaved order walked without building its ops."""
     _check(p, m, v)
-    if weights is not None and len(set(weights)) == 1:
-        return weights[0] * in_flight_peak(name, p, m, v)
+    if weights is not None and (name != "interleaved" or len(set(weights)) == 1):
+        return weights[0] * in_flight_peak(name, p, m, v)  # one weight counts
     if name == "gpipe":
-        return m if weights is None else m * sum(weights)
+        return m
     if name == "1f1b":
-        return min(p, m) if weights is None else min(p, m) * weights[0]
+        return min(p, m)
     total = m * v
     warmup = total if m == p else min((p - 1) * 2 + (v - 1) * p, total)
     if weights is None:

@@ -24,7 +24,6 @@ import simpy
 from labsim.pipeline import Op, make_schedule, max_in_flight
 from labsim.published import runs
 from labsim.sim.step import simulate_step
-from labsim.step import step_costs
 from labsim.trace import Span, Trace
 
 
@@ -229,8 +228,6 @@ def simulate_pipeline(p: int, m: int, t_f: float, t_b: float, *, schedule: str =
     return PipelineResult(end, bubble, tuple(st.in_flight for st in stats), spans)
 
 
-
-
 @dataclass(frozen=True)
 class EndsRow:
     """One way to place a model's layers on a pipeline's chunks, simulated: the layers of each
@@ -261,18 +258,18 @@ def balanced_ends(run_id: str = "meta2024_llama3_405b_8192gpu") -> tuple[float, 
         raise ValueError(f"run_id={run_id!r}: choose a published run whose plan counts the "
                          "embedding as a layer, e.g. 'meta2024_llama3_405b_8192gpu'")
     model, cluster, plan = run.model, run.cluster, run.plan
-    extra = (int(plan.account_for_embedding_in_pipeline_split)
-             + int(plan.account_for_loss_in_pipeline_split))
-    even = (replace(model, layers=model.layers + extra),
+    split = plan.chunk_layers(model.layers)
+    layers = len(split) * max(split)  # the slots the split counts, each a layer
+    even = (replace(model, layers=layers),
             replace(plan, account_for_embedding_in_pipeline_split=False,
                     account_for_loss_in_pipeline_split=False))
     rows = []
     for label, (m, p) in (("published: embedding, loss as layers", (model, plan)),
-                          (f"{model.layers + extra} layers split evenly", even)):
-        c = step_costs(m, cluster, p)
+                          (f"{layers} layers split evenly", even)):
+        r = simulate_step(m, cluster, p)
+        c = r.costs
         busiest = max(sum(ch.t_fwd + ch.t_bwd + ch.t_rec for ch in c.chunks[s::p.pp])
                       for s in range(p.pp))
-        r = simulate_step(m, cluster, p)
         rows.append(EndsRow(label, p.chunk_layers(m.layers), busiest, r.step_time_s,
                             r.bubble_fraction, c.flops[0], r.peak_memory_bytes, r.fits))
     return run.measured_step_s(), rows[0], rows[1]
