@@ -413,6 +413,16 @@ _LINKS: tuple[Link, ...] = (
         kind="net", nccl_Bps=25 * G,
     ),
     Link(
+        "opa-100",
+        12.5 * G,
+        _NCCL_RING_LAT_NET,
+        "Intel Omni-Path Architecture 100: 100 Gb/s = 12.5 GB/s per port per direction",
+        nccl_efficiency=47 / 50,
+        efficiency_source="assumed equal to InfiniBand NDR's measured fraction (46-48 of "
+        "50 GB/s); no published nccl-tests figure for Omni-Path",
+        kind="net", nccl_Bps=12.5 * G,
+    ),
+    Link(
         "ib-ndr",
         50 * G,
         _NCCL_RING_LAT_NET,

@@ -129,6 +129,7 @@ class Run:
     location: str
     quote: str
     notes: tuple[str, ...]
+    nics_per_node: int | None = None  # None: one NIC per GPU
 
     @property
     def model(self) -> Transformer:
@@ -141,6 +142,8 @@ class Run:
             m.pop("kv_heads")
             return Transformer(**m, positions="rotary", bias=False, dropout=False,
                                tied_embeddings=True)
+        if family == "bloom":  # GPT with ALiBi (no position parameters), tied, dropout
+            return Transformer(**m, positions="rotary", tied_embeddings=True)
         if family == "nemotron":  # squared-ReLU MLP of two matrices, RoPE, GQA, untied
             return Transformer(**m, positions="rotary", bias=False, dropout=False)
         return Transformer(**m, tied_embeddings=True)
@@ -149,7 +152,8 @@ class Run:
     def cluster(self) -> Cluster:
         nodes, per = max(1, self.gpus // 8), min(8, self.gpus)
         intra = "nvlink3" if self.gpu.startswith("A100") else "nvlink4"
-        return Cluster(self.gpu, nodes, per, intra, self.fabric, name=f"{self.gpus} x {self.gpu}")
+        return Cluster(self.gpu, nodes, per, intra, self.fabric, self.nics_per_node,
+                       name=f"{self.gpus} x {self.gpu}")
 
     @property
     def plan(self) -> Plan:
@@ -228,5 +232,5 @@ def runs() -> tuple[Run, ...]:
     text = resources.files("labsim").joinpath("data/published_runs.json").read_text("utf-8")
     return tuple(Run(d["id"], d["role"], d["gpu"], d["gpus"], d["fabric"], d["model"],
                      d["plan"], d["measured"], d["stack"], d["source"], d["url"],
-                     d["location"], d["quote"], tuple(d["notes"]))
+                     d["location"], d["quote"], tuple(d["notes"]), d.get("nics_per_node"))
                  for d in json.loads(text)["runs"])

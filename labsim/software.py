@@ -18,6 +18,19 @@ Fields:
 * ``overlap_grad_reduce`` / ``overlap_param_gather`` / ``bucket_bytes`` -- data-parallel
   gradient reduction during backward, the distributed optimizer's parameter all-gather under
   the next forward, the bucket size;
+* ``zero1_grad_op`` -- how ZeRO-1 reduces the gradients once a step before each rank steps
+  its shard of the optimizer: ``"reduce_scatter"`` (Megatron's distributed optimizer) or
+  ``"allreduce"``, twice the bytes (DeepSpeed's ``BF16_Optimizer`` under its pipeline engine,
+  v0.6.2-v0.6.5: ``PipelineEngine._bf16_reduce_grads`` all-reduces the whole fp32 gradient with
+  ``buffered_allreduce_fallback`` in ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8-element buckets,
+  ``runtime/pipe/engine.py``);
+* ``accumulate_bytes_per_param`` -- bytes per parameter that a separate pass moves through HBM
+  after every micro-batch's backward to add its gradient into the accumulated one: 18 for
+  DeepSpeed's ``BF16_Optimizer.update_hp_grads``, ``hp_grad.add_(lp.grad.to(float32))`` (the
+  cast reads 2 and writes 4, the add reads 4 + 4 and writes 4; ``runtime/bf16_optimizer.py``,
+  called after each backward by ``_exec_backward_pass``); 0 where the GEMM accumulates
+  (Megatron-Core's ``gradient_accumulation_fusion``) or the profile's fitted fraction holds it
+  (Megatron-LM's ``main_grad.add_`` hook, autograd's own accumulation);
 * ``zero3_unit`` -- what one ZeRO-3 all-gather fetches: ``"layer"`` (FSDP: one wrapped
   transformer block) or ``"tensor"`` (DeepSpeed 2021: one all-gather per parameter tensor, four
   per GPT layer);
@@ -80,6 +93,7 @@ from labsim.hardware import GPU
 
 ZERO3_UNITS = ("layer", "tensor")
 ZERO3_GRAD_OPS = ("reduce_scatter", "allreduce")
+ZERO1_GRAD_OPS = ZERO3_GRAD_OPS
 FITTED = ("sustained", "zero3_host_s_per_rank")
 
 
@@ -95,6 +109,8 @@ class SoftwareProfile:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     bucket_bytes: float = 25e6
+    zero1_grad_op: str = "reduce_scatter"
+    accumulate_bytes_per_param: float = 0.0
     zero3_unit: str = "layer"
     zero3_prefetch: int = 1
     zero3_grad_op: str = "reduce_scatter"
@@ -118,8 +134,11 @@ class SoftwareProfile:
         if self.zero3_grad_op not in ZERO3_GRAD_OPS:
             raise ValueError(f"zero3_grad_op={self.zero3_grad_op!r}: choose one of "
                              f"{ZERO3_GRAD_OPS}")
+        if self.zero1_grad_op not in ZERO1_GRAD_OPS:
+            raise ValueError(f"zero1_grad_op={self.zero1_grad_op!r}: choose one of "
+                             f"{ZERO1_GRAD_OPS}")
         for name in ("zero3_host_s_per_rank", "zero3_gather_hbm_passes",
-                     "zero3_reuse_distance"):
+                     "zero3_reuse_distance", "accumulate_bytes_per_param"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
@@ -248,6 +267,29 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "async version is not async at all'); sustained: Megatron-LM 2021's (same kernels)",
         calibration="Narayanan et al. 2021 Table 2, ZeRO-3 GPT-3 175B on 384 / 768 / 1536 GPUs "
         "(3 runs; the 529.6B runs are held out)"),
+    SoftwareProfile(
+        "megatron-deepspeed-2022", "Megatron-DeepSpeed with DeepSpeed's pipeline engine and "
+        "BF16_Optimizer, as BigScience trained BLOOM in 2022: 1F1B with blocking sends of each "
+        "tensor-parallel rank's share of the activation, gradients accumulated in fp32 by a "
+        "pass after every micro-batch and all-reduced in fp32 after the last one (no "
+        "overlap), each rank stepping its shard of the optimizer (ZeRO-1) and all-gathering "
+        "the bf16 parameters; Megatron-LM's fused kernels, standard attention, and DeepSpeed's "
+        "activation checkpointing (the whole forward replayed)",
+        MappingProxyType({"ampere": 0.804}), overlap_grad_reduce=False, blocking_p2p=True,
+        attention="standard", zero1_grad_op="allreduce", accumulate_bytes_per_param=18,
+        bucket_bytes=2e9,
+        source="DeepSpeed v0.6.2-v0.6.5 (April-May 2022, the first releases with "
+        "BF16_Optimizer): runtime/pipe/engine.py (is_pipe_partitioned: each model-parallel "
+        "rank sends its part of the activation and the receiver all-gathers it; "
+        "_exec_backward_pass: clear_lp_grads before and update_hp_grads after every backward; "
+        "_exec_reduce_grads -> _bf16_reduce_grads: buffered_allreduce_fallback of the fp32 "
+        "gradients, MEMORY_OPT_ALLREDUCE_SIZE 5e8 elements, after the last micro-batch), "
+        "runtime/pipe/p2p.py (send: dist.send, async_op refused), runtime/bf16_optimizer.py "
+        "(update_hp_grads; step, then all_gather_dp_groups of the bf16 shards); "
+        "bigscience-workshop/bigscience train/tr11-176B-ml/README.md ('The new BF16_Optimizer "
+        "accumulates grads in fp32. It doesn't shard the static fp32 buffer'); sustained: "
+        "Megatron-LM 2021's (the same Megatron kernels; not fitted)",
+        calibration=""),
     _FSDP,
     replace(
         _FSDP, name="fsdp-torch1.13",

@@ -147,7 +147,8 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     precision = plan.numerics
     buckets, gathers, opt = [], [], []
     zero3 = plan.zero_stage == 3 and plan.dp > 1
-    op = "allreduce" if plan.zero_stage == 0 else "reduce_scatter"
+    op = ("allreduce" if plan.zero_stage == 0
+          or (plan.zero_stage == 1 and soft.zero1_grad_op == "allreduce") else "reduce_scatter")
     dp_place = _Placer(net, dp_group)
     split: dict[float, tuple[int, int]] = {}  # a chunk's gradient: (bucket bytes, count)
     for g, ch in enumerate(chunks):
@@ -320,13 +321,17 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
         f, b = (head_f, head_b) if end == n_chunks - 1 else (compute.PassCost(),
                                                               compute.PassCost())
         n = split[end]
+        params = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n))
+        # the profile's pass adding each micro-batch's gradient into the accumulated one (ZeRO-2
+        # and ZeRO-3 reduce every micro-batch's gradient instead of accumulating it whole)
+        accumulate = (compute.memory_time(soft.accumulate_bytes_per_param * params, gpu, su)
+                      if plan.zero_stage <= 1 else 0.0)
         figures[end] = (
             n, n * lc.forward.time_s + f.time_s,
-            n * lc.backward.time_s + b.time_s, n * lc.recompute.time_s,
+            n * lc.backward.time_s + b.time_s + accumulate, n * lc.recompute.time_s,
             f.time_s, b.time_s,
             n * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
-            + f.flops + b.flops, n * lc.model_flops + f.flops + b.flops,
-            float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n)))
+            + f.flops + b.flops, n * lc.model_flops + f.flops + b.flops, params)
     tp_bytes = round(lc.tp_bytes)
     out = []
     for g in range(n_chunks):

@@ -62,8 +62,10 @@ def test_required_names_present() -> None:
                  "MI250X", "RTX-4090", "A6000"):
         assert name.lower() in GPUS
     for name in ("nvlink2", "nvlink3", "nvlink4", "pcie3-x16", "pcie4-x16", "pcie5-x16",
-                 "ib-hdr", "ib-ndr"):
+                 "ib-hdr", "ib-ndr", "opa-100"):
         assert name in LINKS
+    assert labsim.link("opa-100").bandwidth_Bps == 12.5 * G
+    assert labsim.link("opa-100").kind == "net"
     assert labsim.link("ib-hdr").bandwidth_Bps == 25 * G
     assert labsim.link("ib-ndr").bandwidth_Bps == 50 * G
 

@@ -75,6 +75,22 @@ def test_llama3_405b_step_time_is_palms_flop_count_at_the_published_rate():
     assert run.plan.chunk_layers(126) == (0,) + (1,) * 126 + (0,)
 
 
+def test_bloom_176b_is_its_readmes_layout_on_four_omni_path_links_a_node():
+    """BigScience's tr11-176B-ml README: 48 nodes of 8 A100 80GB with 4 Omni-Path links each,
+    TP 4 x PP 12 x DP 8, the tied embedding counted as a layer at both ends of the pipeline
+    ('[embed | 5 transformer blocks] ... [5 transformer blocks | embed]'), 104.70 s a step
+    as logged."""
+    run = next(r for r in runs() if r.id == "bigscience2022_bloom_176b_384gpu")
+    c = run.cluster
+    assert (c.nodes, c.gpus_per_node, c.nics_per_node, c.inter_node.name) == (48, 8, 4, "opa-100")
+    assert c.nic_Bps_per_gpu == pytest.approx(6.25e9)
+    assert run.plan.chunk_layers(70) == (5,) + (6,) * 10 + (5,)
+    assert 176.2e9 < run.model.params < 176.3e9  # the README's "176B" (tied, no positions)
+    assert run.measured_step_s() == 104.70 and run.role == "held-out"
+    # every other run still gets one NIC per GPU
+    assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node for r in runs() if r is not run)
+
+
 @pytest.mark.parametrize("curve", nccl_tests(), ids=lambda c: c.id)
 def test_nccl_tests_curves_within_the_bounds_reached(curve):
     errors = [abs(m / p - 1) for _, m, p, _ in predict_curve(curve)]

@@ -174,6 +174,9 @@ def test_the_closed_form_prices_deepspeeds_waiting_gathers_as_the_engine_does():
                                           ("zero3_gather_hbm_passes", -1),
                                           ("zero3_reuse_distance", float("nan")),
                                           ("zero3_gather_syncs", 1),
+                                          ("accumulate_bytes_per_param", -2),
+                                          ("accumulate_bytes_per_param", "18"),
+                                          ("zero1_grad_op", "all_reduce"),
                                           ("fitted", "bucket_bytes")])
 def test_a_profile_refuses_negative_costs_and_unfittable_values(field, value):
     with pytest.raises(ValueError, match=field):
@@ -207,6 +210,58 @@ def test_gradient_overlap_and_accumulation():
     acc = simulate_step(SMALL, cluster, Plan(dp=32, micro_batch=2, global_batch=256))
     assert dp_bytes(acc) == pytest.approx(dp_bytes(on))
     assert acc.step_time_s < 4 * on.step_time_s
+
+
+def test_bf16_optimizer_adds_an_accumulation_pass_to_every_micro_batchs_backward():
+    """DeepSpeed's BF16_Optimizer adds each micro-batch's bf16 gradient into the fp32 one in a
+    pass of its own, 18 bytes a parameter (``labsim.software``): every chunk's backward is
+    longer by that pass over its own parameters, the step by it once per micro-batch (one
+    stage), and ZeRO-2, which reduces every micro-batch's gradient, has no such pass."""
+    from labsim import compute
+
+    mds = PROFILES["megatron-deepspeed-2022"]
+    assert mds.accumulate_bytes_per_param == 18
+    assert all(p.accumulate_bytes_per_param == 0 for n, p in PROFILES.items() if n != mds.name)
+    cluster = labsim.dgx_a100(2)
+    plan = Plan(dp=4, tp=4, pp=1, micro_batch=1, global_batch=32, zero_stage=1,
+                precision="mixed-fp32-grads", software=mds)
+    none = replace(plan, software=replace(mds, accumulate_bytes_per_param=0))
+    with_pass, without = step_costs(MID, cluster, plan), step_costs(MID, cluster, none)
+    for a, b in zip(with_pass.chunks, without.chunks):
+        pass_s = compute.memory_time(18 * a.params, cluster.gpu, with_pass.sustained)
+        assert pass_s > 0 and a.t_bwd - b.t_bwd == pytest.approx(pass_s)
+        assert (a.t_fwd, a.t_rec, a.flops_hw) == (b.t_fwd, b.t_rec, b.flops_hw)
+    m = plan.microbatches
+    for face in (simulate_step, estimate_step):
+        grown = face(MID, cluster, plan).step_time_s - face(MID, cluster, none).step_time_s
+        assert grown == pytest.approx(m * pass_s, rel=1e-6)
+    zero2 = replace(plan, zero_stage=2)
+    assert [c.t_bwd for c in step_costs(MID, cluster, zero2).chunks] == [
+        c.t_bwd for c in step_costs(MID, cluster, replace(none, zero_stage=2)).chunks]
+
+
+def test_bf16_optimizer_all_reduces_the_fp32_gradient_under_zero1():
+    """DeepSpeed's pipeline engine all-reduces the BF16_Optimizer's fp32 gradient, then each
+    rank steps its shard and all-gathers the bf16 parameters: twice the gradient bytes of a
+    reduce-scatter, the same all-gather, and the same memory."""
+    mds = PROFILES["megatron-deepspeed-2022"]
+    assert mds.zero1_grad_op == "allreduce" and mds.bucket_bytes == 5e8 * 4
+    assert {p.zero1_grad_op for n, p in PROFILES.items() if n != mds.name} == {"reduce_scatter"}
+    cluster = labsim.dgx_a100(4)
+    plan = Plan(dp=8, tp=4, pp=1, micro_batch=1, global_batch=16, zero_stage=1,
+                precision="mixed-fp32-grads", software=mds)
+    rs = replace(plan, software=replace(mds, zero1_grad_op="reduce_scatter"))
+    a, b = step_costs(MID, cluster, plan), step_costs(MID, cluster, rs)
+    (ar, n), (rsc, k) = a.buckets[0], b.buckets[0]
+    assert (ar.cost.op, rsc.cost.op, n) == ("allreduce", "reduce_scatter", k)
+    assert ar.cost.nbytes == rsc.cost.nbytes == pytest.approx(4 * a.chunks[0].params / n, rel=1e-6)
+    assert ar.alone_s > 1.5 * rsc.alone_s
+    assert a.param_gather == b.param_gather
+    sim_a, sim_b = simulate_step(MID, cluster, plan), simulate_step(MID, cluster, rs)
+    assert sim_a.step_time_s > sim_b.step_time_s and sim_a.memory == sim_b.memory
+    assert dp_bytes(sim_a) == pytest.approx(dp_bytes(sim_b))
+    zero0 = step_costs(MID, cluster, replace(rs, zero_stage=0))
+    assert zero0.buckets[0][0].cost.op == "allreduce"
 
 
 def _uncontended(model, cluster, plan):
@@ -1285,7 +1340,7 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     cal, held = errors["calibration"], errors["held-out"]
     assert statistics.median(cal) <= 0.026 and max(cal) <= 0.075
     assert statistics.median(held) <= 0.041 and max(held) <= 0.20
-    assert sum(e <= 0.10 for e in held) >= 28
+    assert sum(e <= 0.10 for e in held) >= 29
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within 9 %
     rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
             for r in runs() if r.role == "held-out"
