@@ -1033,7 +1033,8 @@ def sample_plan(data):
                 sequence_parallel=tp > 1 and data.draw(st.booleans()),
                 software=data.draw(st.sampled_from(["generic", "megatron-lm-2021",
                                                     "megatron-core-te", "fsdp",
-                                                    "deepspeed-zero3-2021"])))
+                                                    "deepspeed-zero3-2021",
+                                                    "megatron-deepspeed-2022"])))
     if data.draw(st.booleans()):  # 14 layers + the embedding and the loss: 16 to split
         return MID14, cluster, replace(plan, account_for_embedding_in_pipeline_split=True,
                                        account_for_loss_in_pipeline_split=True)
