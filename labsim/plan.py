@@ -71,8 +71,8 @@ class Plan:
     precision: a name of ``labsim.precision.PRECISIONS`` (``"bf16"``, ``"fp16"``, ``"fp32"``,
         ``"mixed-fp32-grads"``, ``"autocast-bf16"``, ``"pure-bf16"`` ...).
     software: a profile of ``labsim.software.PROFILES`` (``"generic"``, ``"megatron-lm-2021"``,
-        ``"megatron-core-te"``, ``"deepspeed-zero3-2021"``, ``"fsdp"``); the fields below left
-        at None take the profile's value.
+        ``"megatron-core-te"``, ``"deepspeed-zero3-2021"``, ``"megatron-deepspeed-2022"``,
+        ``"fsdp"`` ...); the fields below left at None take the profile's value.
     overlap_grad_reduce: reduce each gradient bucket as soon as it is final, under the rest of
         backward (PyTorch DDP); False: after the last backward (Megatron's local DDP of 2021).
     bucket_bytes: gradient bucket size (PyTorch DDP ``bucket_cap_mb=25``).
