@@ -87,8 +87,19 @@ def test_bloom_176b_is_its_readmes_layout_on_four_omni_path_links_a_node():
     assert run.plan.chunk_layers(70) == (5,) + (6,) * 10 + (5,)
     assert 176.2e9 < run.model.params < 176.3e9  # the README's "176B" (tied, no positions)
     assert run.measured_step_s() == 104.70 and run.role == "held-out"
+    # the README's two ramp-up measurements: one micro-batch of 2 per pipeline (15.23 s), and
+    # 24 of 1 at 73 TFLOP/s by Eq. 3 with the padded vocabulary (20.1 s)
+    small = {r.id[-5:]: r for r in runs() if r.id.startswith(run.id + "_gbs")}
+    assert sorted(small) == ["bs192", "gbs16"]
+    assert (small["gbs16"].plan.microbatches, small["gbs16"].plan.micro_batch) == (1, 2)
+    assert (small["bs192"].plan.microbatches, small["bs192"].plan.micro_batch) == (24, 1)
+    assert small["gbs16"].measured_step_s() == 15.23
+    assert small["bs192"].measured_step_s() == pytest.approx(20.14, abs=0.01)
+    for r in small.values():
+        assert r.cluster == c and r.model == run.model and r.role == "held-out"
     # every other run still gets one NIC per GPU
-    assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node for r in runs() if r is not run)
+    assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node for r in runs()
+               if not r.id.startswith(run.id))
 
 
 @pytest.mark.parametrize("curve", nccl_tests(), ids=lambda c: c.id)
