@@ -348,7 +348,8 @@ def zero_stages(
     }
 
 
-def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreakdown:
+def step_memory(model: Transformer, plan: object, in_flight: int, *,
+                extra_grad_bytes_per_param: float = 0.0) -> MemoryBreakdown:
     """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
     at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
@@ -357,7 +358,10 @@ def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreak
     (``Plan.chunk_layers``), the first stage's chunks differ and its schedule is walked for
     the most layers' activations held at once.  ZeRO-3 adds the layers it has gathered in full:
     the one computing, the one whose gradients are being reduced, and ``zero3_prefetch``
-    ahead.  Allocator fragmentation, workspaces and communication buffers are not counted.
+    ahead.  ``extra_grad_bytes_per_param``: a second gradient the software keeps beside the
+    precision's for the whole step (a software profile's, ``labsim.software``), counted with
+    the gradients.  Allocator fragmentation, workspaces and communication buffers are not
+    counted.
     """
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
@@ -381,4 +385,5 @@ def step_memory(model: Transformer, plan: object, in_flight: int) -> MemoryBreak
     if plan.zero_stage == 3 and plan.dp > 1:
         layer = model.params_per_layer / plan.tp
         params += (plan.zero3_prefetch + 2) * layer * prec.weight_bytes
-    return MemoryBreakdown(params, states.grads, states.optimizer, activations)
+    grads = states.grads + extra_grad_bytes_per_param * n
+    return MemoryBreakdown(params, grads, states.optimizer, activations)

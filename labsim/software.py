@@ -31,6 +31,10 @@ Fields:
   called after each backward by ``_exec_backward_pass``); 0 where the GEMM accumulates
   (Megatron-Core's ``gradient_accumulation_fusion``) or the profile's fitted fraction holds it
   (Megatron-LM's ``main_grad.add_`` hook, autograd's own accumulation);
+* ``extra_grad_bytes_per_param`` -- a second gradient the framework keeps through the step
+  beside the one the precision counts: 2 for ``BF16_Optimizer``, whose bf16 ``.grad``
+  tensors live from one backward until ``clear_lp_grads`` at the start of the next (under
+  its pipeline engine, ``_exec_backward_pass``) and so through the forwards between;
 * ``zero3_unit`` -- what one ZeRO-3 all-gather fetches: ``"layer"`` (FSDP: one wrapped
   transformer block) or ``"tensor"`` (DeepSpeed 2021: one all-gather per parameter tensor, four
   per GPT layer);
@@ -111,6 +115,7 @@ class SoftwareProfile:
     bucket_bytes: float = 25e6
     zero1_grad_op: str = "reduce_scatter"
     accumulate_bytes_per_param: float = 0.0
+    extra_grad_bytes_per_param: float = 0.0
     zero3_unit: str = "layer"
     zero3_prefetch: int = 1
     zero3_grad_op: str = "reduce_scatter"
@@ -138,7 +143,8 @@ class SoftwareProfile:
             raise ValueError(f"zero1_grad_op={self.zero1_grad_op!r}: choose one of "
                              f"{ZERO1_GRAD_OPS}")
         for name in ("zero3_host_s_per_rank", "zero3_gather_hbm_passes",
-                     "zero3_reuse_distance", "accumulate_bytes_per_param"):
+                     "zero3_reuse_distance", "accumulate_bytes_per_param",
+                     "extra_grad_bytes_per_param"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < math.inf):
                 raise ValueError(f"{name}={value!r} must be a finite number >= 0")
@@ -277,7 +283,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "activation checkpointing (the whole forward replayed)",
         MappingProxyType({"ampere": 0.804}), overlap_grad_reduce=False, blocking_p2p=True,
         attention="standard", zero1_grad_op="allreduce", accumulate_bytes_per_param=18,
-        bucket_bytes=2e9,
+        extra_grad_bytes_per_param=2, bucket_bytes=2e9,
         source="DeepSpeed v0.6.2-v0.6.5 (April-May 2022, the first releases with "
         "BF16_Optimizer): runtime/pipe/engine.py (is_pipe_partitioned: each model-parallel "
         "rank sends its part of the activation and the receiver all-gathers it; "

@@ -666,7 +666,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     mem = None
     if memory:
         mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
-                          if c.zero3_gather is None else 1)
+                          if c.zero3_gather is None else 1,
+                          extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param)
     if c.zero3_gather is None:
         run = _evaluated_schedule(c)
         if run is not None:

@@ -176,6 +176,7 @@ def test_the_closed_form_prices_deepspeeds_waiting_gathers_as_the_engine_does():
                                           ("zero3_gather_syncs", 1),
                                           ("accumulate_bytes_per_param", -2),
                                           ("accumulate_bytes_per_param", "18"),
+                                          ("extra_grad_bytes_per_param", float("inf")),
                                           ("zero1_grad_op", "all_reduce"),
                                           ("fitted", "bucket_bytes")])
 def test_a_profile_refuses_negative_costs_and_unfittable_values(field, value):
@@ -262,6 +263,25 @@ def test_bf16_optimizer_all_reduces_the_fp32_gradient_under_zero1():
     assert dp_bytes(sim_a) == pytest.approx(dp_bytes(sim_b))
     zero0 = step_costs(MID, cluster, replace(rs, zero_stage=0))
     assert zero0.buckets[0][0].cost.op == "allreduce"
+
+
+@pytest.mark.parametrize("face", [simulate_step, estimate_step])
+def test_bf16_optimizer_keeps_the_bf16_gradient_beside_the_fp32_one(face):
+    """BF16_Optimizer frees the bf16 ``.grad`` tensors only when the next backward begins
+    (``clear_lp_grads``), so they live through the step beside the fp32 gradient: 2 bytes
+    per parameter more, counted with the gradients; nothing else changes."""
+    mds = PROFILES["megatron-deepspeed-2022"]
+    assert mds.extra_grad_bytes_per_param == 2
+    assert all(p.extra_grad_bytes_per_param == 0 for n, p in PROFILES.items() if n != mds.name)
+    cluster = labsim.dgx_a100(2)
+    plan = Plan(dp=2, tp=2, pp=4, micro_batch=1, global_batch=16, zero_stage=1,
+                precision="mixed-fp32-grads", software=mds)
+    none = replace(plan, software=replace(mds, extra_grad_bytes_per_param=0))
+    a, b = face(MID, cluster, plan).memory, face(MID, cluster, none).memory
+    first = stage_params(MID, tp=2, pp=4, stage=0, layers=4)
+    assert a.grads - b.grads == pytest.approx(2 * first)
+    assert (a.params, a.optimizer, a.activations) == (b.params, b.optimizer, b.activations)
+    assert b.grads == pytest.approx(4 * first)  # the fp32 gradient, whole under ZeRO-1
 
 
 def _uncontended(model, cluster, plan):
