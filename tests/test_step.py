@@ -213,6 +213,16 @@ def test_gradient_overlap_and_accumulation():
     assert acc.step_time_s < 4 * on.step_time_s
 
 
+def _bf16_optimizer_plans(field: str, value: float, **layout) -> tuple[Plan, Plan]:
+    """A ZeRO-1 plan under megatron-deepspeed-2022, whose ``field`` is ``value`` (and 0 in every
+    other profile), and the same plan with that field at 0."""
+    mds = PROFILES["megatron-deepspeed-2022"]
+    assert getattr(mds, field) == value
+    assert all(getattr(p, field) == 0 for n, p in PROFILES.items() if n != mds.name)
+    plan = Plan(zero_stage=1, precision="mixed-fp32-grads", software=mds, **layout)
+    return plan, replace(plan, software=replace(mds, **{field: 0}))
+
+
 def test_bf16_optimizer_adds_an_accumulation_pass_to_every_micro_batchs_backward():
     """DeepSpeed's BF16_Optimizer adds each micro-batch's bf16 gradient into the fp32 one in a
     pass of its own, 18 bytes a parameter (``labsim.software``): every chunk's backward is
@@ -220,13 +230,9 @@ def test_bf16_optimizer_adds_an_accumulation_pass_to_every_micro_batchs_backward
     stage), and ZeRO-2, which reduces every micro-batch's gradient, has no such pass."""
     from labsim import compute
 
-    mds = PROFILES["megatron-deepspeed-2022"]
-    assert mds.accumulate_bytes_per_param == 18
-    assert all(p.accumulate_bytes_per_param == 0 for n, p in PROFILES.items() if n != mds.name)
     cluster = labsim.dgx_a100(2)
-    plan = Plan(dp=4, tp=4, pp=1, micro_batch=1, global_batch=32, zero_stage=1,
-                precision="mixed-fp32-grads", software=mds)
-    none = replace(plan, software=replace(mds, accumulate_bytes_per_param=0))
+    plan, none = _bf16_optimizer_plans("accumulate_bytes_per_param", 18, dp=4, tp=4,
+                                       global_batch=32)
     with_pass, without = step_costs(MID, cluster, plan), step_costs(MID, cluster, none)
     for a, b in zip(with_pass.chunks, without.chunks):
         pass_s = compute.memory_time(18 * a.params, cluster.gpu, with_pass.sustained)
@@ -270,13 +276,9 @@ def test_bf16_optimizer_keeps_the_bf16_gradient_beside_the_fp32_one(face):
     """BF16_Optimizer frees the bf16 ``.grad`` tensors only when the next backward begins
     (``clear_lp_grads``), so they live through the step beside the fp32 gradient: 2 bytes
     per parameter more, counted with the gradients; nothing else changes."""
-    mds = PROFILES["megatron-deepspeed-2022"]
-    assert mds.extra_grad_bytes_per_param == 2
-    assert all(p.extra_grad_bytes_per_param == 0 for n, p in PROFILES.items() if n != mds.name)
     cluster = labsim.dgx_a100(2)
-    plan = Plan(dp=2, tp=2, pp=4, micro_batch=1, global_batch=16, zero_stage=1,
-                precision="mixed-fp32-grads", software=mds)
-    none = replace(plan, software=replace(mds, extra_grad_bytes_per_param=0))
+    plan, none = _bf16_optimizer_plans("extra_grad_bytes_per_param", 2, dp=2, tp=2, pp=4,
+                                       global_batch=16)
     a, b = face(MID, cluster, plan).memory, face(MID, cluster, none).memory
     first = stage_params(MID, tp=2, pp=4, stage=0, layers=4)
     assert a.grads - b.grads == pytest.approx(2 * first)
