@@ -21,6 +21,21 @@ def test_example_configs(name, tmp_path, capsys):
     assert any(e.get("cat") == "forward" for e in doc["traceEvents"])
 
 
+def test_the_bloom_config_is_the_published_run(capsys):
+    """configs/bloom-176b.toml is BigScience's run as ``labsim.published`` holds it, and
+    prints the closed form's step and memory."""
+    from labsim.cli.step import build, load_config
+    from labsim.published import runs
+
+    model, cluster, plan = build(load_config(CONFIGS / "bloom-176b.toml"))
+    run = next(r for r in runs() if r.id == "bigscience2022_bloom_176b_384gpu")
+    assert (model, cluster, plan) == (run.model, run.cluster, run.plan)
+    assert main(["simulate", str(CONFIGS / "bloom-176b.toml"), "--estimate"]) == 0
+    text = capsys.readouterr().out
+    assert "inter=4 x opa-100" in text and "software=megatron-deepspeed-2022" in text
+    assert "103.5 s" in text and "44.9 GB" in text
+
+
 def test_json_config_and_custom_model(tmp_path, capsys):
     config = {
         "model": {"layers": 4, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 1000},
