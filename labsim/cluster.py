@@ -20,6 +20,10 @@ allocation; the simulator and the closed forms both use it.
 ``in_network_reduction`` says the fabric reduces in the switches (InfiniBand SHARP, NCCL's
 CollNet with ``NCCL_COLLNET_ENABLE=1``); NVLink SHARP (NVLS) inside a node needs no flag: NCCL
 uses it on NVSwitch systems of Hopper and later.
+
+``nccl_net_channels`` is the channel count NCCL gave communicators that span nodes, where it was
+seen on the system itself (``NCCL_DEBUG=INFO`` prints "N coll channels") and labsim's search,
+which does not know the system's PCIe tree, would choose otherwise; None lets the search decide.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Cluster:
     nics_per_node: int | None = None  # default: one NIC per GPU
     name: str = field(default="", compare=False)
     in_network_reduction: bool = False
+    nccl_net_channels: int | None = None  # as NCCL_DEBUG=INFO showed it; None: labsim's search
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpu", gpu(self.gpu))
@@ -78,6 +83,13 @@ class Cluster:
                 f"{self.gpus_per_node} (each NIC serves the same number of GPUs)"
             )
         object.__setattr__(self, "nics_per_node", int(nics))
+        ch = self.nccl_net_channels
+        if ch is not None:
+            if isinstance(ch, bool) or not isinstance(ch, (int, np.integer)) or not 1 <= ch <= 64:
+                raise ValueError(f"Cluster: nccl_net_channels must be a whole number from 1 to "
+                                 f"64 (NCCL's MAXCHANNELS), or None to let the search decide; "
+                                 f"got {ch!r}")
+            object.__setattr__(self, "nccl_net_channels", int(ch))
         if not self.name:
             object.__setattr__(
                 self, "name", f"{self.nodes}x{self.gpus_per_node} {self.gpu.name}"
@@ -87,7 +99,9 @@ class Cluster:
         return (
             f"Cluster({self.name!r}: {self.nodes} node(s) x {self.gpus_per_node} "
             f"{self.gpu.name}, intra={self.intra_node.name}, inter={self.nics_per_node} x "
-            f"{self.inter_node.name})"
+            f"{self.inter_node.name}"
+            + (f", {self.nccl_net_channels} NCCL channels across nodes"
+               if self.nccl_net_channels is not None else "") + ")"
         )
 
     # -- ranks --------------------------------------------------------------------------

@@ -129,7 +129,10 @@ class Link:
     ``bandwidth_Bps`` is the line rate per direction, per GPU (NVLink: all links of one GPU
     together; PCIe: one x16 slot; InfiniBand: one NIC port).  ``latency_s`` is the alpha term
     of one message.  ``nccl_efficiency`` is the fraction of ``bandwidth_Bps`` that NCCL's ring
-    achieves for large messages, measured where a source gives it.
+    achieves for large messages, measured where a source gives it.  ``nccl_channel_Bps`` (NICs
+    only; None: no such limit) is what one NCCL channel moves through a NIC of this kind per
+    direction when NCCL's network transport, not the port, is the limit: a communicator's
+    traffic over the network then runs at most at its channels times this rate.
     """
 
     name: str
@@ -140,6 +143,7 @@ class Link:
     efficiency_source: str = "line rate (no published NCCL figure)"
     kind: str = "net"  # NCCL's hardware class: "nvlink", "pcie" or "net"
     nccl_Bps: float | None = None  # what NCCL's topology assigns (default: the line rate)
+    nccl_channel_Bps: float | None = None  # one channel's rate through a NIC (None: no limit)
 
     def __post_init__(self) -> None:
         _check_positive(f"link {self.name}: bandwidth_Bps", self.bandwidth_Bps)
@@ -155,6 +159,8 @@ class Link:
         if self.nccl_Bps is None:
             object.__setattr__(self, "nccl_Bps", float(self.bandwidth_Bps))
         _check_positive(f"link {self.name}: nccl_Bps", self.nccl_Bps)
+        if self.nccl_channel_Bps is not None:
+            _check_positive(f"link {self.name}: nccl_channel_Bps", self.nccl_channel_Bps)
 
     @property
     def achieved_Bps(self) -> float:
@@ -418,9 +424,13 @@ _LINKS: tuple[Link, ...] = (
         _NCCL_RING_LAT_NET,
         "Intel Omni-Path Architecture 100: 100 Gb/s = 12.5 GB/s per port per direction",
         nccl_efficiency=47 / 50,
-        efficiency_source="assumed equal to InfiniBand NDR's measured fraction (46-48 of "
-        "50 GB/s); no published nccl-tests figure for Omni-Path",
-        kind="net", nccl_Bps=12.5 * G,
+        efficiency_source="port: assumed equal to InfiniBand NDR's measured fraction (46-48 "
+        "of 50 GB/s). Channel: 2.54 GB/s, fitted to BigScience's all-reduce of 4 GB on 4 "
+        "Jean Zay nodes of 8 A100 (bigscience experiments/bandwidth, Jan 2022, NCCL 2.10.3 "
+        "through IB verbs on hfi1, no GPUDirect RDMA): 1.529 s on 2 channels, busbw 5.07 GB/s, "
+        "40 % of one port; 4 V100 nodes on 4 channels reached 10.6 GB/s, so the channel, not "
+        "the port, is the limit",
+        kind="net", nccl_Bps=12.5 * G, nccl_channel_Bps=2.54 * G,
     ),
     Link(
         "ib-ndr",

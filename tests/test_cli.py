@@ -27,6 +27,11 @@ def test_hardware_lists_every_catalog_entry_with_dense_peaks() -> None:
     for name in ("V100-32GB", "A100-80GB", "H100-SXM", "H200", "MI250X", "ib-ndr", "nvlink4"):
         assert name in result.stdout
     assert "989.4 TFLOP/s" in result.stdout  # H100 SXM bf16 dense, not the sparse 1979
+    # Omni-Path's NCCL channel rate, measured on Jean Zay; no other link has one
+    opa = next(line for line in result.stdout.splitlines() if line.startswith("opa-100 "))
+    assert opa.rstrip().endswith("2.54 GB/s")
+    ndr = next(line for line in result.stdout.splitlines() if line.startswith("ib-ndr "))
+    assert ndr.rstrip().endswith("-")
 
 
 @pytest.mark.slow

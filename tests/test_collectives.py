@@ -2,6 +2,7 @@
 the NCCL model's cost (closed form) of a collective on a cluster."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -21,7 +22,9 @@ from labsim.collectives import (
 from labsim.collectives.group import topology
 from labsim.collectives.nccl import _topology_of
 from labsim.collectives.tuner import ALGOS, PROTOS, latency_bandwidth, parse_choice, select
-from labsim.hardware import Link
+from labsim.hardware import Link, link
+from labsim.published import SYSTEMS, nccl_tests
+from labsim.sim.collectives import simulate_collective
 
 from .conftest import links_times
 
@@ -200,7 +203,8 @@ def test_costs_scale_the_right_way():
 
 
 # -- more bandwidth is never slower (issue property 6) --------------------------------------
-@pytest.mark.parametrize("make, nodes", [(dgx_a100, 2), (dgx_h100, 16), (pcie_box, 16)])
+@pytest.mark.parametrize("make, nodes", [(dgx_a100, 2), (dgx_h100, 16), (pcie_box, 16),
+                                         (SYSTEMS["jean-zay-a100"], 4)])
 @pytest.mark.parametrize("factor", [1.25, 2.0])
 def test_faster_links_never_slow_a_collective_of_fixed_algorithm_and_protocol(make, nodes,
                                                                               factor):
@@ -242,6 +246,87 @@ def test_a_channel_runs_at_its_own_rate_whatever_the_links():
     _, ll_max = latency_bandwidth("allreduce", "ring", "LL", _topology_of(group_of(base)))
     assert big.cap_Bps == pytest.approx(ll_max * 1e9, rel=1e-12)
 
+
+
+# -- a network transport slower than its port (Omni-Path on Jean Zay) -------------------------
+def _jean_zay(nodes: int = 4, channels: int | None = 2, port: float = 1.0,
+              per_channel: float | None = 2.54e9) -> Cluster:
+    opa = link("opa-100")
+    opa = replace(opa, bandwidth_Bps=opa.bandwidth_Bps * port, nccl_Bps=opa.nccl_Bps * port,
+                  nccl_channel_Bps=per_channel)
+    return Cluster("A100-80GB", nodes, 8, "nvlink3", opa, 4, nccl_net_channels=channels)
+
+
+def test_a_channel_limited_network_scales_with_channels_not_with_the_port():
+    """BigScience's logs: 2 channels on the A100 nodes reached busbw 5.07 GB/s, 4 on the V100
+    nodes 10.6, on the same 100 Gb/s ports.  So twice the channels give twice the busbw, a port
+    twice as fast gives nothing, and with neither limit the same all-reduce would run at the
+    four ports' rate, some 9 times faster."""
+    def busbw_GBps(cluster: Cluster) -> float:
+        return estimate_collective("allreduce", 4e9, cluster).busbw_Bps / 1e9
+
+    two = busbw_GBps(_jean_zay())
+    assert two == pytest.approx(5.08, abs=0.02)
+    assert busbw_GBps(_jean_zay(channels=4)) == pytest.approx(2 * two, rel=0.01)
+    assert busbw_GBps(_jean_zay(port=2.0)) == pytest.approx(two, rel=1e-6)
+    # without the channel limit one channel fills a port; labsim's own search would use four
+    assert busbw_GBps(_jean_zay(per_channel=None)) > 2 * two
+    assert busbw_GBps(_jean_zay(channels=None, per_channel=None)) > 8 * two
+
+
+def test_the_channel_rate_is_what_the_jean_zay_log_gives():
+    """opa-100's ``nccl_channel_Bps`` is the benchmark's per-channel busbw: 4 GB x 2 x 31/32
+    over 1.529 s, over 2 channels (the latency is a few microseconds of 1.5 s)."""
+    point = next(c for c in nccl_tests() if c.id == "bigscience_jeanzay_a100_4node_opa")
+    ((size, t, _),) = point.points
+    assert (point.role, point.gpus, point.cluster.nccl_net_channels) == ("calibration", 32, 2)
+    per_channel = size * 2 * 31 / 32 / t / 2
+    assert link("opa-100").nccl_channel_Bps == pytest.approx(per_channel, rel=0.005)
+
+
+def test_set_channels_apply_to_communicators_across_nodes_only():
+    """``nccl_net_channels`` is what the log showed for communicators spanning nodes; one
+    node's communicator (tensor parallelism over NVLink) keeps the search's channels."""
+    jz, free = _jean_zay(), _jean_zay(channels=None)
+    assert topology(group_of(jz)).channels == 2
+    assert topology(group_of(jz)).ring_channels == 1
+    assert topology(group_of(free)).channels > 2
+    assert topology(group_of(jz, 8)) == topology(group_of(free, 8))
+    one = plan_collective("allreduce", 1 << 30, group_of(jz, 8))
+    assert one.time_s == plan_collective("allreduce", 1 << 30, group_of(free, 8)).time_s
+
+
+def test_a_send_across_nodes_gets_one_channel_and_its_rate():
+    """NCCL 2.10 gives a remote peer one p2p channel (``paths.cc``, ncclTopoGetNchannels):
+    a pipeline send between nodes moves at one channel's rate; inside a node it does not."""
+    jz = _jean_zay()
+    cross = plan_collective("sendrecv", 1 << 30, group_of(jz, [0, 8]))
+    assert cross.bandwidth_Bps == pytest.approx(2.54e9)
+    inside = plan_collective("sendrecv", 1 << 30, group_of(jz, [0, 1]))
+    assert inside.cap_Bps == math.inf and inside.bandwidth_Bps > 100e9
+    assert plan_collective("sendrecv", 1 << 30, group_of(_jean_zay(per_channel=None),
+                                                         [0, 8])).cap_Bps == math.inf
+
+
+def test_both_faces_agree_on_a_channel_limited_network():
+    jz = _jean_zay()
+    for op, nbytes in (("allreduce", 4e9), ("allgather", 1e9), ("reduce_scatter", 64e6),
+                       ("allreduce", 1e5)):
+        est = estimate_collective(op, nbytes, jz)
+        sim = simulate_collective(op, nbytes, jz)
+        assert sim.time_s == pytest.approx(est.time_s, rel=1e-6), (op, nbytes)
+
+
+@pytest.mark.parametrize("bad", [0, 65, 2.5, True, "2"])
+def test_nccl_net_channels_must_be_a_channel_count(bad):
+    with pytest.raises(ValueError, match="nccl_net_channels"):
+        Cluster("A100-80GB", 2, 8, "nvlink3", "opa-100", 4, nccl_net_channels=bad)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e9, math.nan, math.inf, "fast"])
+def test_a_link_channel_rate_must_be_a_positive_number(bad):
+    with pytest.raises(ValueError, match="nccl_channel_Bps"):
+        replace(link("opa-100"), nccl_channel_Bps=bad)
 
 
 def test_nvls_reads_its_own_graph_not_the_rings():

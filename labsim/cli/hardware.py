@@ -28,12 +28,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"    power: {g.tdp_W:g} W; source: {g.tdp_source}")
     print()
     print(f"{'link':<10} {'kind':<7} {'per direction':>14} {'NCCL achieves':>14} "
-          f"{'NCCL topology':>14} {'latency':>9}")
+          f"{'NCCL topology':>14} {'latency':>9} {'per NCCL channel':>17}")
     for lk in LINKS.values():
+        channel = "-" if lk.nccl_channel_Bps is None else fmt_bandwidth(lk.nccl_channel_Bps)
         print(
             f"{lk.name:<10} {lk.kind:<7} {fmt_bandwidth(lk.bandwidth_Bps):>14} "
             f"{fmt_bandwidth(lk.achieved_Bps):>14} {fmt_bandwidth(lk.nccl_Bps):>14} "
-            f"{lk.latency_s * 1e6:>6.1f} µs"
+            f"{lk.latency_s * 1e6:>6.1f} µs {channel:>17}"
         )
         if args.sources:
             print(f"    source: {lk.source}; NCCL: {lk.efficiency_source}")

@@ -9,7 +9,9 @@ per-channel speed of the architecture's speed array that the links carry, as man
 as fit, kept if no slower speed gives more bandwidth in total; then ``ncclTopoDupChannels``
 and the execution-channel doubling of ``connect.cc``.  It does not search real PCIe trees: a
 node is a switch (NVSwitch or PCIe) with one port per GPU, and every GPU reaches its NIC
-through one PCIe x16 link of its generation.
+through one PCIe x16 link of its generation.  Where a cluster states the channels NCCL gave
+its multi-node communicators (``Cluster.nccl_net_channels``, from a log), those replace the
+search's for every group that spans nodes.
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ def topology(group: Group) -> Topology:
     channels = min(64, 2 * nch)
     if cc >= 9 and group.nnodes > 1 and bw > 45.0 and channels < 16:
         channels *= 2
+    if group.nnodes > 1 and c.nccl_net_channels is not None:  # what the system showed
+        channels = c.nccl_net_channels
+        nch = max(1, min(nch, channels // 2))
     nvls = c.gpu.arch in NVLS_CHANNELS and kind == "nvlink" and c.gpus_per_node > 2 \
         and group.ppn > 1
     heads = min(32, group.ppn)

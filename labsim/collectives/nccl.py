@@ -27,7 +27,11 @@ shared links, so the two agree exactly when nothing else runs.
 The physical constants below are fitted once, by least squares on log time, to three
 published nccl-tests curves (the calibration set of ``labsim.published``: 8 x A100, one
 process per GPU; 8 x H100 with NVLS, one process per GPU; 4 x 8 H100 over InfiniBand NDR);
-every other published curve is validation (``benchmarks/collectives.py`` prints both).
+every other published curve is validation (``benchmarks/collectives.py`` prints both).  The
+calibration set's fourth member, one all-reduce on Omni-Path, fits only that link's
+``Link.nccl_channel_Bps``: where a NIC kind has one, a communicator's traffic across nodes
+moves at most at its channels times that rate (a send: one channel, as NCCL 2.10 gives a
+remote peer), the limit of a network transport slower than its ports.
 """
 
 from __future__ import annotations
@@ -212,9 +216,10 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
         rate = physics.channel_rate_GBps(proto, topo)
         channels_bw = latency_bandwidth(func, algo, proto, replace(
             topo, ring_channels=nc, bw_intra=rate, bw_inter=rate), ll_cap=False)[1]
-    cap = min(algbw, channels_bw) * 1e9
     intra, nic, depth, piece = _loads(func, algo, nbytes, group, nc, proto, physics)
     data = PROTOCOL_DATA[proto]
+    channels_bw = min(channels_bw, _net_channels_GBps(group, nc, nic * group.nics / data))
+    cap = min(algbw, channels_bw) * 1e9
     # the first piece of each channel crosses the pipeline at its channel's own speed: while
     # the pipeline fills, the links carry only the leading pieces
     fill = depth * piece / (channels_bw * 1e9 / nc)
@@ -253,6 +258,16 @@ def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: st
         nbytes / (2 * nc), chunk)
 
 
+def _net_channels_GBps(group: Group, channels: int, node_load: float) -> float:
+    """What ``channels`` channels move (GB/s of payload) when each carries at most the NIC
+    kind's ``nccl_channel_Bps`` and a node's NICs carry ``node_load`` wire bytes per payload
+    byte in each direction (infinite where the NIC kind has no such limit)."""
+    per_channel = group.cluster.inter_node.nccl_channel_Bps
+    if per_channel is None or group.nnodes == 1 or node_load <= 0:
+        return math.inf
+    return channels * per_channel / 1e9 / node_load
+
+
 def _p2p(op: str, nbytes: float, group: Group, topo: Topology,
          physics: NcclPhysics) -> CollectiveCost:
     """Point-to-point traffic (NCCL send/recv, all-to-all as grouped send/recv): one Simple
@@ -262,12 +277,15 @@ def _p2p(op: str, nbytes: float, group: Group, topo: Topology,
     cross = nn > 1
     hw = 14.0 if cross else (3.4 if topo.intra == "nvlink" else 5.7)
     lat = physics.latency_scale[topo.arch] * (8.4 + hw) * 1e-6
-    if op == "sendrecv":
+    if op == "sendrecv":  # one channel per remote peer (paths.cc ncclTopoGetNchannels, 2.10)
         intra, nic = (0.0, 1.0 / nics) if cross else (1.0, 0.0)
+        net_channels = 1
     else:
         intra = (ppn - 1) / n
         nic = ppn * (n - ppn) / n / nics if cross else 0.0
-    return CollectiveCost(op, nbytes, group, "p2p", "Simple", topo.channels, lat, math.inf,
+        net_channels = topo.channels
+    cap = _net_channels_GBps(group, net_channels, nic * nics) * 1e9
+    return CollectiveCost(op, nbytes, group, "p2p", "Simple", topo.channels, lat, cap,
                           intra, nic, (8.4 + hw) * 1e-6 + nbytes / (
                               1e9 * topo.channels * topo.bw_intra))
 
