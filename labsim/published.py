@@ -1,7 +1,8 @@
 """Published measurements the simulator is judged by, as package data with their sources.
 
 * ``nccl_tests()``: nccl-tests curves (time or busbw against message size) of DGX-class
-  A100 and H100 nodes and InfiniBand clusters (``labsim/data/nccl_tests.json``); each curve
+  A100 and H100 nodes and InfiniBand clusters, and BigScience's all-reduce timings on Jean
+  Zay's Omni-Path (``labsim/data/nccl_tests.json``); each curve
   has a ``role``: ``"calibration"`` (the collective model's constants are fitted to it) or
   ``"validation"`` (never fitted to);
 * ``predict_curve(curve)``: the NCCL model's times for a curve's sizes, on the curve's system
@@ -43,6 +44,12 @@ SYSTEMS = {
     "dgx-h100-sharp": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr",
                                         name=f"DGX H100 x{n}, SHARP",
                                         in_network_reduction=True),
+    # IDRIS Jean Zay: 4 Omni-Path 100 links a node; NCCL gave every multi-node communicator
+    # 2 channels on the A100 nodes and 4 on the V100 nodes (the logs' "N coll channels")
+    "jean-zay-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "opa-100", 4,
+                                       name=f"Jean Zay A100 x{n}", nccl_net_channels=2),
+    "jean-zay-v100": lambda n: Cluster("V100-32GB", n, 4, "nvlink2", "opa-100", 4,
+                                       name=f"Jean Zay V100 x{n}", nccl_net_channels=4),
 }
 
 
@@ -130,6 +137,7 @@ class Run:
     quote: str
     notes: tuple[str, ...]
     nics_per_node: int | None = None  # None: one NIC per GPU
+    nccl_net_channels: int | None = None  # as NCCL_DEBUG=INFO showed it; None: the search
 
     @property
     def model(self) -> Transformer:
@@ -153,7 +161,8 @@ class Run:
         nodes, per = max(1, self.gpus // 8), min(8, self.gpus)
         intra = "nvlink3" if self.gpu.startswith("A100") else "nvlink4"
         return Cluster(self.gpu, nodes, per, intra, self.fabric, self.nics_per_node,
-                       name=f"{self.gpus} x {self.gpu}")
+                       name=f"{self.gpus} x {self.gpu}",
+                       nccl_net_channels=self.nccl_net_channels)
 
     @property
     def plan(self) -> Plan:
@@ -232,5 +241,6 @@ def runs() -> tuple[Run, ...]:
     text = resources.files("labsim").joinpath("data/published_runs.json").read_text("utf-8")
     return tuple(Run(d["id"], d["role"], d["gpu"], d["gpus"], d["fabric"], d["model"],
                      d["plan"], d["measured"], d["stack"], d["source"], d["url"],
-                     d["location"], d["quote"], tuple(d["notes"]), d.get("nics_per_node"))
+                     d["location"], d["quote"], tuple(d["notes"]), d.get("nics_per_node"),
+                     d.get("nccl_net_channels"))
                  for d in json.loads(text)["runs"])

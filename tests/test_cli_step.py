@@ -32,8 +32,9 @@ def test_the_bloom_config_is_the_published_run(capsys):
     assert (model, cluster, plan) == (run.model, run.cluster, run.plan)
     assert main(["simulate", str(CONFIGS / "bloom-176b.toml"), "--estimate"]) == 0
     text = capsys.readouterr().out
-    assert "inter=4 x opa-100" in text and "software=megatron-deepspeed-2022" in text
-    assert "103.5 s" in text and "44.9 GB" in text
+    assert "inter=4 x opa-100, 2 NCCL channels across nodes" in text
+    assert "software=megatron-deepspeed-2022" in text
+    assert "109.2 s" in text and "44.9 GB" in text
 
 
 def test_json_config_and_custom_model(tmp_path, capsys):

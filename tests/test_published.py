@@ -38,6 +38,8 @@ CURVE_BOUNDS = {
     "superbench_a100_40gb_1node_allgather": (8, 69),
     "superbench_a100_40gb_1node_reduce_scatter": (9, 68),
     "ocitutorials_a100_40gb_1node_g8": (15, 35),
+    "bigscience_jeanzay_a100_4node_opa": (1, 1), "bigscience_jeanzay_v100_4node_opa": (5, 5),
+    "bigscience_jeanzay_v100_16node_opa": (46, 46),
 }
 
 
@@ -47,7 +49,8 @@ def test_every_curve_and_run_carries_its_source():
     for c in curves:
         assert c.source and c.role in ("calibration", "validation") and c.points
         assert all(1024 <= size <= 8 * 2**30 for size, _, _ in c.points)
-    assert sum(c.role == "calibration" for c in curves) == 3
+    # three fit the collective model's constants, one (a single point) opa-100's channel rate
+    assert sum(c.role == "calibration" for c in curves) == 4
     for r in runs():
         assert r.source and r.url and r.quote and r.role in ("calibration", "held-out")
         assert r.measured_step_s() > 0
@@ -97,8 +100,11 @@ def test_bloom_176b_is_its_readmes_layout_on_four_omni_path_links_a_node():
     assert small["bs192"].measured_step_s() == pytest.approx(20.14, abs=0.01)
     for r in small.values():
         assert r.cluster == c and r.model == run.model and r.role == "held-out"
-    # every other run still gets one NIC per GPU
-    assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node for r in runs()
+    # NCCL's channels as BigScience's benchmark on these nodes logged them ('2 coll channels')
+    assert c.nccl_net_channels == 2
+    # every other run still gets one NIC per GPU and labsim's own channel search
+    assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node
+               and r.cluster.nccl_net_channels is None for r in runs()
                if not r.id.startswith(run.id))
 
 

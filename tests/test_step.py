@@ -1362,23 +1362,18 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
         print("\n" + "\n".join(lines))
     cal, held = errors["calibration"], errors["held-out"]
     assert statistics.median(cal) <= 0.026 and max(cal) <= 0.075
-    assert statistics.median(held) <= 0.041 and max(held) <= 0.25
-    assert sum(e <= 0.10 for e in held) >= 29
-    # BLOOM's two small batches are too fast in the model by what docs/step.md says (a fixed
-    # ~3.7 s a step the model does not have, Omni-Path's NCCL efficiency unmeasured)
-    small = {r.id: simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1
-             for r in runs() if r.id in SMALL_BATCH_MISSES}
-    assert small == pytest.approx(SMALL_BATCH_MISSES, abs=0.01)
-    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) and those two, every
-    # run is within 9 %
-    rest = [abs(simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1)
-            for r in runs() if r.role == "held-out" and r.id not in SMALL_BATCH_MISSES
-            and r.plan_spec["software"] != "deepspeed-zero3-2021"]
-    assert max(rest) <= 0.09 and statistics.median(rest) <= 0.04
-
-
-SMALL_BATCH_MISSES = {"bigscience2022_bloom_176b_384gpu_gbs16": -0.242,
-                      "bigscience2022_bloom_176b_384gpu_gbs192": -0.185}
+    assert statistics.median(held) <= 0.039 and max(held) <= 0.20
+    assert sum(e <= 0.10 for e in held) >= 31
+    # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within
+    # 9 %; BLOOM's three batches, whose network runs at NCCL's measured channel rate on Omni-Path
+    # (not fitted to them), within 5 %
+    rest = {r.id: simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1
+            for r in runs() if r.role == "held-out"
+            and r.plan_spec["software"] != "deepspeed-zero3-2021"}
+    assert max(map(abs, rest.values())) <= 0.09
+    assert statistics.median(map(abs, rest.values())) <= 0.04
+    bloom = [e for k, e in rest.items() if k.startswith("bigscience2022_bloom")]
+    assert len(bloom) == 3 and max(map(abs, bloom)) <= 0.05
 
 
 # docs/step.md section 3: the model puts Llama 3 405B's first stage at 90.8 / 90.5 GB (it

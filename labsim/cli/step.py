@@ -8,7 +8,7 @@ The config has three tables::
                                                any Transformer field overrides the preset)
     [cluster]  preset = "dgx-a100", nodes = 192  (a name of labsim.cluster.PRESETS, or gpu,
                                                nodes, gpus_per_node, intra_node, inter_node,
-                                               nics_per_node)
+                                               nics_per_node, nccl_net_channels)
     [plan]     dp = 16, tp = 8, pp = 12, ...  (any Plan field, software = "megatron-lm-2021")
 
 ``--trace`` writes the step's Chrome trace (open it in ui.perfetto.dev or chrome://tracing);
