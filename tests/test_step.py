@@ -14,7 +14,7 @@ from labsim.memory import stage_params
 from labsim.network import FoldedNetwork
 from labsim.pipeline import make_schedule
 from labsim.plan import Plan
-from labsim.published import runs
+from labsim.published import SYSTEMS, runs
 from labsim.sim.step import simulate_step
 from labsim.software import PROFILES
 from labsim.step import estimate_step, step_costs, zero3_gathers
@@ -1034,9 +1034,11 @@ def test_more_bandwidth_is_never_slower(factor, pp, zero, box):
 
 
 def sample_plan(data):
-    """A model and a plan on DGX-class nodes (one NIC per GPU): where the closed form should
+    """A model and a plan on DGX-class nodes (one NIC per GPU) or Jean Zay's A100 nodes (four
+    Omni-Path NICs, NCCL's two channels at their measured rate): where the closed form should
     agree; some count the embedding and the loss as layers (a 14-layer model then)."""
-    cluster = data.draw(st.sampled_from([labsim.dgx_a100, labsim.dgx_h100]))(
+    cluster = data.draw(st.sampled_from([labsim.dgx_a100, labsim.dgx_h100,
+                                         SYSTEMS["jean-zay-a100"]]))(
         data.draw(st.sampled_from([1, 2, 4])))
     n = cluster.world_size
     tp = data.draw(st.sampled_from([t for t in (1, 2, 4, 8) if t <= n]))
