@@ -161,6 +161,9 @@ class Link:
         _check_positive(f"link {self.name}: nccl_Bps", self.nccl_Bps)
         if self.nccl_channel_Bps is not None:
             _check_positive(f"link {self.name}: nccl_channel_Bps", self.nccl_channel_Bps)
+            if self.kind != "net":
+                raise ValueError(f"link {self.name}: nccl_channel_Bps is a NIC's limit (kind "
+                                 f"'net'); this link is kind {self.kind!r}, so leave it None")
 
     @property
     def achieved_Bps(self) -> float:

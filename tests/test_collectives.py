@@ -329,6 +329,11 @@ def test_a_link_channel_rate_must_be_a_positive_number(bad):
         replace(link("opa-100"), nccl_channel_Bps=bad)
 
 
+def test_only_a_nic_has_a_channel_rate():
+    with pytest.raises(ValueError, match="nccl_channel_Bps is a NIC's limit"):
+        replace(link("nvlink3"), nccl_channel_Bps=2.5e9)
+
+
 def test_nvls_reads_its_own_graph_not_the_rings():
     """NCCL's NVLS and NVLS-Tree read the NVLS graph (``graphs[]`` of ncclTopoTuneModel): a
     head at the fastest speed the NVLink carries over the heads, its NIC at the fastest the
