@@ -8,8 +8,9 @@
 * **communication**, each a ``Placed`` collective: NCCL's choice and cost
   (``labsim.collectives.nccl``) of the tensor-parallel collectives of a layer, the pipeline
   sends between stages, the data-parallel gradient buckets, ZeRO-1/2's parameter all-gather,
-  ZeRO-3's per-layer (or per-tensor) all-gathers and gradient reduce-scatters -- and the pipes
-  of the **folded network** they load.
+  ZeRO-3's per-layer (or per-tensor) all-gathers and gradient reduce-scatters, and the
+  all-reduce of a tied embedding's gradient between the first and the last stage -- and the
+  pipes of the **folded network** they load.
 
 The folded network: the replicas of a plan are symmetric, so only one data-parallel replica
 is simulated and each pipeline stage is represented by one GPU (tensor rank 0 of replica 0).
@@ -91,6 +92,13 @@ class StepCosts:
     # per layer, the units gathered before its forward and before its backward (recomputed
     # forward included) in one micro-batch, after the profile's reuse (``zero3_gathers``)
     zero3_gathers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    # per stage: the tied embedding's gradient all-reduce between the first and the last stage
+    # after the last backward (empty, or None for a stage without one)
+    embedding_allreduce: tuple[Placed | None, ...] = ()
+
+    def tied_allreduce(self, stage: int) -> Placed | None:
+        """The tied-embedding gradient all-reduce ``stage`` takes part in, if any."""
+        return self.embedding_allreduce[stage] if self.embedding_allreduce else None
 
     @property
     def stages(self) -> int:
@@ -194,7 +202,24 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
                               (z_gather, z_reduce, units, counts))
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
                      tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
-                     z_extra, overhead, counts)
+                     z_extra, overhead, counts,
+                     _embedding_allreduce(model, plan, cluster, net, precision.grad_bytes))
+
+
+def _embedding_allreduce(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwork,
+                         grad_bytes: float) -> tuple[Placed | None, ...]:
+    """A tied embedding lives on the first stage (the input) and the last (the output layer):
+    after the last backward each GPU of the two all-reduces its gradient shard (``vocab x h /
+    tp`` elements, in the gradients' precision) with its counterpart, before the optimizer
+    (Megatron-LM ``_allreduce_embedding_grads``; DeepSpeed's pipeline engine
+    ``_exec_reduce_tied_grads``, which reduces the fp32 ``_hp_grad`` under bf16).  Blocking:
+    nothing overlaps it."""
+    p = plan.pp
+    if p == 1 or not model.tied_embeddings:
+        return ()
+    nbytes = round(model.vocab * model.hidden / plan.tp * grad_bytes)
+    cost = plan_collective("allreduce", nbytes, group_of(cluster, [net.rep[0], net.rep[-1]]))
+    return tuple(net.place(cost, s) if s in (0, p - 1) else None for s in range(p))
 
 
 def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
@@ -757,7 +782,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     for s in reversed(range(p)):
         free, stream, late = stages[s]
         behind += late
-        t = max(free, stream) + behind + c.optimizer_s[s]
+        tied = c.tied_allreduce(s)
+        t = max(free, stream) + behind + (tied.alone_s if tied else 0.0) + c.optimizer_s[s]
         gather = c.param_gather[s]
         if gather is not None and not c.software.overlap_param_gather:
             t += gather.alone_s

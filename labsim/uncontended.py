@@ -55,9 +55,9 @@ def _contended(c: StepCosts) -> set[int]:
         for x in (pl.pipes if pl is not None else ()):
             users.setdefault(x, set()).add(("dp", g % p))
     for s_ in range(p):
-        pl = c.param_gather[s_]
-        for x in (pl.pipes if pl is not None else ()):
-            users.setdefault(x, set()).add(("dp", s_))
+        for pl in (c.param_gather[s_], c.tied_allreduce(s_)):
+            for x in (pl.pipes if pl is not None else ()):
+                users.setdefault(x, set()).add(("dp", s_))
         for g in range(s_, p * c.plan.virtual_stages, p):
             tp = c.chunks[g].tp
             for x in (tp.pipes if tp is not None else ()):
@@ -249,7 +249,16 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
         else:  # the stream's end only
             for ready, bucket, _, _ in queue:
                 free = (free if free > ready else ready) + bucket.alone_s
-        t = max(clock[s], free) + c.optimizer_s[s]
+        t = max(clock[s], free)
+        tied = c.tied_allreduce(s)
+        if tied is not None:
+            if check:
+                _mark(moving, tied, t + tied.latency_s, t + tied.alone_s)
+            if trace:
+                record((s, "dp", "comm", t, t + tied.alone_s, "allreduce tied embedding",
+                        tied.nbytes))
+            t += tied.alone_s
+        t += c.optimizer_s[s]
         if trace:
             record((s, "optimizer", "optimizer", t - c.optimizer_s[s], t, "optimizer step",
                     0.0))

@@ -27,9 +27,10 @@ traffic slow each other wherever they share a GPU port or a NIC.
   that stream is idle.
 
 A bucket's ready time is its share of the backward op as planned alone (the op may end later
-when links are shared).  The embedding-gradient all-reduce between first and last stage, the
-loss and grad-norm all-reduces, and the receiver-side all-gather of Megatron's scatter-gather
-sends are not simulated.  The trace: ``rank`` = pipeline stage (its representative GPU);
+when links are shared).  A tied embedding's gradient is all-reduced between the first and
+the last stage after their gradient reduction, before the optimizer.  The loss and grad-norm
+all-reduces, and the receiver-side all-gather of Megatron's scatter-gather sends are not
+simulated.  The trace: ``rank`` = pipeline stage (its representative GPU);
 streams ``compute``, ``p2p``, ``dp``, ``optimizer``.
 """
 
@@ -241,6 +242,12 @@ class _Engine:
         self.compute_end = max(self.compute_end, env.now)
         if self.stream_tail[s] is not None:
             yield self.stream_tail[s]
+        tied = c.tied_allreduce(s)
+        if tied is not None:
+            start = env.now
+            yield self._flow(tied)
+            self.spans.append((s, "dp", "comm", start, env.now, "allreduce tied embedding",
+                               tied.nbytes))
         yield from self._optimizer(s)
         ends[s] = env.now
 
