@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from labsim.published import nccl_tests, predict_curve, runs, sweep_runs
+from labsim.published import SYSTEMS, nccl_tests, predict_curve, runs, sweep_runs
 
 from .conftest import load_benchmark
 
@@ -100,8 +100,12 @@ def test_bloom_176b_is_its_readmes_layout_on_four_omni_path_links_a_node():
     assert small["bs192"].measured_step_s() == pytest.approx(20.14, abs=0.01)
     for r in small.values():
         assert r.cluster == c and r.model == run.model and r.role == "held-out"
-    # NCCL's channels as BigScience's benchmark on these nodes logged them ('2 coll channels')
+    # NCCL's channels as BigScience's benchmark on these nodes logged them ('2 coll channels'):
+    # the run's nodes are the benchmark's (the same NICs, channels and link)
     assert c.nccl_net_channels == 2
+    bench = SYSTEMS["jean-zay-a100"](48)
+    assert (bench.inter_node, bench.nics_per_node, bench.nccl_net_channels, bench.gpu) == (
+        c.inter_node, c.nics_per_node, c.nccl_net_channels, c.gpu)
     # every other run still gets one NIC per GPU and labsim's own channel search
     assert all(r.cluster.nics_per_node == r.cluster.gpus_per_node
                and r.cluster.nccl_net_channels is None for r in runs()
