@@ -44,7 +44,7 @@ SYSTEMS = {
     "dgx-h100-sharp": lambda n: Cluster("H100-SXM", n, 8, "nvlink4", "ib-ndr",
                                         name=f"DGX H100 x{n}, SHARP",
                                         in_network_reduction=True),
-    # IDRIS Jean Zay: 4 Omni-Path 100 links a node; NCCL gave every multi-node communicator
+    # IDRIS Jean Zay: 4 Omni-Path 100 links a node; NCCL gave the all-reduce of every GPU
     # 2 channels on the A100 nodes and 4 on the V100 nodes (the logs' "N coll channels")
     "jean-zay-a100": lambda n: Cluster("A100-80GB", n, 8, "nvlink3", "opa-100", 4,
                                        name=f"Jean Zay A100 x{n}", nccl_net_channels=2),

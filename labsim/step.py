@@ -82,6 +82,8 @@ class StepCosts:
     buckets: tuple[tuple[Placed | None, int], ...]  # per model chunk: (one bucket, count)
     param_gather: tuple[Placed | None, ...]  # per stage (ZeRO-1/2 after the optimizer)
     optimizer_s: tuple[float, ...]  # per stage
+    # per stage: the tied embedding's gradient all-reduce (first and last stage, pp > 1)
+    embedding_allreduce: tuple[Placed | None, ...]
     zero3_gather: Placed | None  # one unit (layer or tensor) of ZeRO-3
     zero3_reduce: Placed | None
     zero3_units: int  # units per layer
@@ -92,13 +94,6 @@ class StepCosts:
     # per layer, the units gathered before its forward and before its backward (recomputed
     # forward included) in one micro-batch, after the profile's reuse (``zero3_gathers``)
     zero3_gathers: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
-    # per stage: the tied embedding's gradient all-reduce between the first and the last stage
-    # after the last backward (empty, or None for a stage without one)
-    embedding_allreduce: tuple[Placed | None, ...] = ()
-
-    def tied_allreduce(self, stage: int) -> Placed | None:
-        """The tied-embedding gradient all-reduce ``stage`` takes part in, if any."""
-        return self.embedding_allreduce[stage] if self.embedding_allreduce else None
 
     @property
     def stages(self) -> int:
@@ -200,10 +195,10 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         counts = zero3_gathers(model, plan, soft)
     chunks = contended_chunks(chunks, plan, cluster, soft, buckets, gathers,
                               (z_gather, z_reduce, units, counts))
+    tied = _embedding_allreduce(model, plan, cluster, net, precision.grad_bytes)
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
-                     tuple(buckets), tuple(gathers), tuple(opt), z_gather, z_reduce, units,
-                     z_extra, overhead, counts,
-                     _embedding_allreduce(model, plan, cluster, net, precision.grad_bytes))
+                     tuple(buckets), tuple(gathers), tuple(opt), tied, z_gather, z_reduce,
+                     units, z_extra, overhead, counts)
 
 
 def _embedding_allreduce(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwork,
@@ -213,10 +208,10 @@ def _embedding_allreduce(model: Transformer, plan: Plan, cluster: Cluster, net: 
     tp`` elements, in the gradients' precision) with its counterpart, before the optimizer
     (Megatron-LM ``_allreduce_embedding_grads``; DeepSpeed's pipeline engine
     ``_exec_reduce_tied_grads``, which reduces the fp32 ``_hp_grad`` under bf16).  Blocking:
-    nothing overlaps it."""
+    nothing overlaps it.  One entry per stage, None where a stage has none."""
     p = plan.pp
     if p == 1 or not model.tied_embeddings:
-        return ()
+        return (None,) * p
     nbytes = round(model.vocab * model.hidden / plan.tp * grad_bytes)
     cost = plan_collective("allreduce", nbytes, group_of(cluster, [net.rep[0], net.rep[-1]]))
     return tuple(net.place(cost, s) if s in (0, p - 1) else None for s in range(p))
@@ -782,7 +777,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     for s in reversed(range(p)):
         free, stream, late = stages[s]
         behind += late
-        tied = c.tied_allreduce(s)
+        tied = c.embedding_allreduce[s]
         t = max(free, stream) + behind + (tied.alone_s if tied else 0.0) + c.optimizer_s[s]
         gather = c.param_gather[s]
         if gather is not None and not c.software.overlap_param_gather:

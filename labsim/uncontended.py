@@ -55,7 +55,7 @@ def _contended(c: StepCosts) -> set[int]:
         for x in (pl.pipes if pl is not None else ()):
             users.setdefault(x, set()).add(("dp", g % p))
     for s_ in range(p):
-        for pl in (c.param_gather[s_], c.tied_allreduce(s_)):
+        for pl in (c.param_gather[s_], c.embedding_allreduce[s_]):
             for x in (pl.pipes if pl is not None else ()):
                 users.setdefault(x, set()).add(("dp", s_))
         for g in range(s_, p * c.plan.virtual_stages, p):
@@ -250,7 +250,7 @@ def alone_schedule(c: StepCosts, schedule: Schedule, check: bool = False,
             for ready, bucket, _, _ in queue:
                 free = (free if free > ready else ready) + bucket.alone_s
         t = max(clock[s], free)
-        tied = c.tied_allreduce(s)
+        tied = c.embedding_allreduce[s]
         if tied is not None:
             if check:
                 _mark(moving, tied, t + tied.latency_s, t + tied.alone_s)

@@ -242,7 +242,7 @@ class _Engine:
         self.compute_end = max(self.compute_end, env.now)
         if self.stream_tail[s] is not None:
             yield self.stream_tail[s]
-        tied = c.tied_allreduce(s)
+        tied = c.embedding_allreduce[s]
         if tied is not None:
             start = env.now
             yield self._flow(tied)
