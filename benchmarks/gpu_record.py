@@ -1,6 +1,6 @@
 """Run every measurement the labs' GPU cells describe, once, and record it as data.
 
-    python benchmarks/gpu_record.py [--out DIR] [--only 00,04,...] [--skip-torchrun]
+    python benchmarks/gpu_record.py [--out DIR] [--only 00,04,...] [--skip-torchrun] [--smoke]
 
 On a CUDA GPU it measures, per lab, what the lab's GPU cells would show, and writes one JSON
 file per lab (``NN_topic.json``) into ``DIR`` (default: the package's
@@ -8,13 +8,17 @@ file per lab (``NN_topic.json``) into ``DIR`` (default: the package's
 versions and the date.  The labs read those files (``labsim.experiments.records``) and show
 them, labelled, in their GPU cells when they run without a GPU, beside labsim's prediction for
 the same GPU.  Without a GPU it runs what needs none (the torchrun demos on gloo) and says what
-it skips; it then writes nowhere unless ``--out`` is given.
+it skips; it then writes nowhere unless ``--out`` is given.  ``--smoke`` runs every section
+at toy sizes on whatever device there is (the CPU included), so each code path is exercised
+before the one run on a GPU; its figures mean nothing.
 
 Sections (each stands alone; a failure is recorded with its error and the others go on):
 
 * 00 matmul FLOP/s by dtype (fp32 without and with TF32, bf16, fp16, fp8 where the GPU has
   it) and size (4096 against 4097: wave quantisation), HBM bandwidth (device copy);
-* 02 a GPT training step in fp32 and under autocast(bf16): time and peak memory;
+* 02 a GPT training step in fp32 and under autocast(bf16): time and peak memory; one
+  transformer layer's forward + backward in bf16 at GPT-3-like widths (the step model's
+  compute, measured);
 * 03 checkpointing a residual MLP: none against every layer, peak memory and time;
 * 04 attention forward + backward by sequence length: naive against each SDPA backend
   (math, memory-efficient, flash, cuDNN), time and peak memory; the lab's Triton
@@ -28,7 +32,7 @@ Sections (each stands alone; a failure is recorded with its error and the others
   ``torchrun --nproc_per_node=1`` (NCCL on a GPU): correctness of the NCCL paths, not
   scaling.
 
-Budget: about 8 minutes on an H200 (every size below was chosen for that).
+Budget: about 4 minutes on an H200 (every size below was chosen for that).
 """
 
 from __future__ import annotations
@@ -61,124 +65,214 @@ class Skip(Exception):
     """A measurement that cannot run here, with the reason."""
 
 
-def need_cuda() -> torch.device:
-    if not torch.cuda.is_available():
-        raise Skip("no CUDA GPU")
-    return torch.device("cuda")
+class Bench:
+    """Where the sections run and at what size: a CUDA device at full size, or (``smoke``)
+    toy sizes on any device, the CPU included, timed with the wall clock."""
 
+    def __init__(self, smoke: bool = False) -> None:
+        self.smoke = smoke
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
 
-def cuda_time(fn: Callable[[], Any], warmup: int = 3, repeat: int = 10) -> float:
-    """Median seconds of ``fn`` on the GPU, timed with CUDA events (queued throughput)."""
-    for _ in range(warmup):
+    def need_gpu(self) -> torch.device:
+        if not (self.cuda or self.smoke):
+            raise Skip("no CUDA GPU")
+        return self.device
+
+    def size(self, full: Any, smoke: Any) -> Any:
+        return smoke if self.smoke else full
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time(self, fn: Callable[[], Any], warmup: int = 3, repeat: int = 10) -> float:
+        """Median seconds of ``fn``: CUDA events on a GPU (queued throughput), else the wall
+        clock."""
+        if self.smoke:
+            warmup, repeat = 1, 2
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(repeat):
+            if self.cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        return times[len(times) // 2]
+
+    def peak_bytes(self, fn: Callable[[], Any]) -> int | None:
+        """Bytes allocated at the peak of ``fn`` above what was allocated before (None on a
+        CPU: PyTorch keeps no such count there)."""
+        if not self.cuda:
+            fn()
+            return None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
         fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated() - base)
 
-
-def peak_bytes(fn: Callable[[], Any]) -> int:
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated() - base)
+    def empty_cache(self) -> None:
+        if self.cuda:
+            torch.cuda.empty_cache()
 
 
 # -- sections ---------------------------------------------------------------------------------
 
-def lab00() -> dict:
-    dev = need_cuda()
+def lab00(b: Bench) -> dict:
+    dev = b.need_gpu()
     out: dict[str, Any] = {"matmul": [], "hbm": {}}
     dtypes = [("fp32", torch.float32, False), ("tf32", torch.float32, True),
               ("bf16", torch.bfloat16, False), ("fp16", torch.float16, False)]
-    for n in (4096, 4097, 8192):
+    for n in b.size((4096, 4097, 8192), (64, 65)):
         for name, dtype, tf32 in dtypes:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            a = torch.randn(n, n, device=dev, dtype=dtype)
-            b = torch.randn(n, n, device=dev, dtype=dtype)
-            t = cuda_time(lambda a=a, b=b: a @ b)
+            x = torch.randn(n, n, device=dev, dtype=dtype)
+            y = torch.randn(n, n, device=dev, dtype=dtype)
+            t = b.time(lambda x=x, y=y: x @ y)
             out["matmul"].append({"dtype": name, "n": n, "time_s": t,
                                   "flops_per_s": 2 * n**3 / t})
         torch.backends.cuda.matmul.allow_tf32 = False
-    if hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(dev) >= (8, 9):
-        n = 8192
-        a = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
-        b = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
+    if b.cuda and hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(dev) >= (8, 9):
+        n = b.size(8192, 64)
+        x = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn)
+        y = torch.randn(n, n, device=dev).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=dev)
-        t = cuda_time(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
-                                               out_dtype=torch.bfloat16))
+        t = b.time(lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one,
+                                            out_dtype=torch.bfloat16))
         out["matmul"].append({"dtype": "fp8", "n": n, "time_s": t, "flops_per_s": 2 * n**3 / t})
-    x = torch.empty(2**30, dtype=torch.uint8, device=dev)  # 1 GiB
+    out["gemm_shapes"] = gemm_shapes(b, dev)
+    x = torch.empty(b.size(2**30, 2**20), dtype=torch.uint8, device=dev)  # 1 GiB
     y = torch.empty_like(x)
-    t = cuda_time(lambda: y.copy_(x))
+    t = b.time(lambda: y.copy_(x))
     out["hbm"] = {"bytes_moved": 2 * x.numel(), "time_s": t, "bandwidth_Bps": 2 * x.numel() / t}
     return out
 
 
-def lab02() -> dict:
-    dev = need_cuda()
+def gemm_shapes(b: Bench, dev: torch.device) -> list[dict]:
+    """bf16 products of the shapes one GPT-3 175B layer runs per GPU under 8-way tensor
+    parallelism (h = 12288, 2048 or 8192 tokens): QKV, attention output, MLP up and down."""
+    h, tp = b.size(12288, 64), 8
+    rows = []
+    dtype = torch.bfloat16 if b.cuda else torch.float32
+    for tokens in b.size((2048, 8192), (16,)):
+        for name, k, n in (("qkv", h, 3 * h // tp), ("attn_out", h // tp, h),
+                           ("mlp_up", h, 4 * h // tp), ("mlp_down", 4 * h // tp, h)):
+            x = torch.randn(tokens, k, device=dev, dtype=dtype)
+            w = torch.randn(k, n, device=dev, dtype=dtype)
+            t = b.time(lambda x=x, w=w: x @ w)
+            rows.append({"gemm": name, "m": tokens, "k": k, "n": n, "time_s": t,
+                         "flops_per_s": 2 * tokens * k * n / t})
+    return rows
+
+
+def lab02(b: Bench) -> dict:
+    dev = b.need_gpu()
     from labsim.lab.datasets import random_batch
     from labsim.lab.models import GPT
     from labsim.workload import Transformer
 
-    cfg = Transformer.preset("gpt2-124m")
-    out = {}
+    cfg = Transformer.preset("gpt2-124m", **b.size({}, {"layers": 2, "hidden": 64,
+                                                         "heads": 4, "kv_heads": 4, "vocab": 512}))
+    batch, seq = b.size((8, 1024), (2, 64))
+    out: dict[str, Any] = {"model": cfg.name, "batch": batch, "seq_len": seq}
     for mode in ("fp32", "autocast-bf16"):
         torch.manual_seed(0)
         model = GPT(cfg, flash=True).to(dev)
-        idx, targets = random_batch(cfg, 8, 1024, device=dev)
+        idx, targets = random_batch(cfg, batch, seq, device=dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step(model=model, idx=idx, targets=targets, opt=opt, mode=mode) -> None:
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode != "fp32"):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=mode != "fp32"):
                 _, loss = model(idx, targets)
             loss.backward()
             opt.step()
 
-        out[mode] = {"step_s": cuda_time(step, 2, 5), "peak_bytes": peak_bytes(step)}
+        out[mode] = {"step_s": b.time(step, 2, 5), "peak_bytes": b.peak_bytes(step)}
         del model, opt
     out["speedup"] = out["fp32"]["step_s"] / out["autocast-bf16"]["step_s"]
+    out["layer"] = layer_rows(b, dev)
     return out
 
 
-def lab03() -> dict:
-    dev = need_cuda()
+def layer_rows(b: Bench, dev: torch.device) -> list[dict]:
+    """One pre-norm GPT layer (``labsim.lab.models.Block``, SDPA causal attention, no dropout)
+    with bf16 weights and activations, forward + backward, at GPT-3-like widths and 2048
+    tokens of context: the compute the step model charges for one layer and micro-batch."""
+    from labsim.lab.models import Block
+    from labsim.workload import Transformer
+
+    rows = []
+    shapes = b.size(((4096, 32, 2048, 4), (8192, 64, 2048, 2), (12288, 96, 2048, 1)),
+                    ((64, 4, 64, 2),))
+    for hidden, heads, seq, micro_batch in shapes:
+        cfg = Transformer(layers=1, hidden=hidden, heads=heads, seq_len=seq, vocab=50257,
+                          dropout=False)
+        torch.manual_seed(0)
+        block = Block(cfg, flash=True).to(dev, torch.bfloat16)
+        x = torch.randn(micro_batch, seq, hidden, device=dev, dtype=torch.bfloat16,
+                        requires_grad=True)
+        grad = torch.randn_like(x)
+
+        def fwd_bwd(block=block, x=x, grad=grad) -> None:
+            block(x).backward(grad)
+
+        def fwd(block=block, x=x) -> None:
+            with torch.no_grad():
+                block(x)
+
+        rows.append({"hidden": hidden, "heads": heads, "seq_len": seq,
+                     "micro_batch": micro_batch, "forward_s": b.time(fwd, 2, 5),
+                     "forward_backward_s": b.time(fwd_bwd, 2, 5),
+                     "peak_bytes": b.peak_bytes(fwd_bwd)})
+        del block, x, grad
+        b.empty_cache()
+    return rows
+
+
+def lab03(b: Bench) -> dict:
+    dev = b.need_gpu()
     from labsim.checkpointing import every_k
     from labsim.checks.checkpointing import forward_segments
     from labsim.lab.models import residual_mlp
 
-    blocks = residual_mlp(32, 1024).to(dev)
-    x = torch.randn(16384, 1024, device=dev)
-    out = {}
-    for label, starts in (("none", None), ("every layer", every_k(32, 1))):
+    depth, width, rows = 32, b.size(1024, 32), b.size(16384, 64)
+    blocks = residual_mlp(depth, width).to(dev)
+    x = torch.randn(rows, width, device=dev)
+    out: dict[str, Any] = {"depth": depth, "width": width, "rows": rows}
+    for label, starts in (("none", None), ("every layer", every_k(depth, 1))):
         def step(starts=starts) -> None:
             blocks.zero_grad(set_to_none=True)
             forward_segments(blocks, x, starts).square().mean().backward()
-        out[label] = {"step_s": cuda_time(step, 2, 5), "peak_bytes": peak_bytes(step)}
+        out[label] = {"step_s": b.time(step, 2, 5), "peak_bytes": b.peak_bytes(step)}
     return out
 
 
-def lab04() -> dict:
-    dev = need_cuda()
+def lab04(b: Bench) -> dict:
+    dev = b.need_gpu()
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+    dtype = torch.bfloat16 if b.cuda else torch.float32
     rows = []
-    for n in (512, 1024, 2048, 4096, 8192):
-        q, k, v = (torch.randn(4, 16, n, 64, device=dev, dtype=torch.bfloat16,
-                               requires_grad=True) for _ in range(3))
+    for n in b.size((512, 1024, 2048, 4096, 8192), (64,)):
+        q, k, v = (torch.randn(4, 16, n, 64, device=dev, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
         grad = torch.randn_like(q)
 
         def naive(q=q, k=k, v=v, grad=grad) -> None:
@@ -193,15 +287,16 @@ def lab04() -> dict:
             cases[name] = sdpa
         for name, fn in cases.items():
             try:
-                rows.append({"n": n, "kernel": name, "time_s": cuda_time(fn, 2, 5),
-                             "peak_bytes": peak_bytes(fn)})
+                rows.append({"n": n, "kernel": name, "time_s": b.time(fn, 2, 5),
+                             "peak_bytes": b.peak_bytes(fn)})
             except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                 rows.append({"n": n, "kernel": name, "error": str(exc).splitlines()[0][:200]})
-            torch.cuda.empty_cache()
-    return {"forward_backward": rows, "triton_forward": triton_forward(dev)}
+            b.empty_cache()
+    return {"batch": 4, "heads": 16, "head_dim": 64, "dtype": str(dtype).split(".")[-1],
+            "forward_backward": rows, "triton_forward": triton_forward(b, dev)}
 
 
-def triton_forward(dev: torch.device) -> list[dict] | str:
+def triton_forward(b: Bench, dev: torch.device) -> list[dict] | str:
     """Lab 04's Triton FlashAttention-2 forward (``experiments.attention``) against SDPA's
     forward: time and largest difference from SDPA, bf16, causal and not."""
     try:
@@ -211,58 +306,65 @@ def triton_forward(dev: torch.device) -> list[dict] | str:
         return f"triton is not importable: {exc}"
     import torch.nn.functional as F
 
+    dtype = torch.bfloat16 if b.cuda else torch.float32
     rows = []
-    for n in (1024, 4096, 8192):
-        q, k, v = (torch.randn(4, 16, n, 64, device=dev, dtype=torch.bfloat16)
-                   for _ in range(3))
+    for n in b.size((1024, 4096, 8192), (64,)):
+        q, k, v = (torch.randn(4, 16, n, 64, device=dev, dtype=dtype) for _ in range(3))
         for causal in (False, True):
             row: dict[str, Any] = {"n": n, "causal": causal}
             try:
                 out, _ = run(q, k, v, is_causal=causal)
                 ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 row["max_abs_diff_vs_sdpa"] = float((out.float() - ref.float()).abs().max())
-                row["triton_s"] = cuda_time(
+                row["triton_s"] = b.time(
                     lambda q=q, k=k, v=v, c=causal: run(q, k, v, is_causal=c), 2, 5)
-                row["sdpa_s"] = cuda_time(
+                row["sdpa_s"] = b.time(
                     lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(
                         q, k, v, is_causal=c), 2, 5)
             except Exception as exc:  # a compile or launch failure is the finding to record
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             rows.append(row)
-            torch.cuda.empty_cache()
+            b.empty_cache()
     return rows
 
 
-def lab05() -> dict:
-    dev = need_cuda()
+def lab05(b: Bench) -> dict:
+    dev = b.need_gpu()
     from labsim.experiments.fusion import bias_gelu_dropout_residual, chain_inputs
 
     rows = []
     eager = bias_gelu_dropout_residual
-    compiled = torch.compile(eager)
-    graphs = torch.compile(eager, mode="reduce-overhead")
-    for rows_n in (16, 256, 4096, 65536):
-        inp = chain_inputs(rows_n, 4096, device=dev)
-        row = {"elements": inp.numel}
+    compiled = torch.compile(eager, dynamic=False)
+    graphs = torch.compile(eager, mode="reduce-overhead", dynamic=False)
+    hidden = b.size(4096, 64)
+    for rows_n in b.size((16, 1024, 65536), (4,)):
+        inp = chain_inputs(rows_n, hidden, device=dev)
+        row: dict[str, Any] = {"rows": rows_n, "hidden": hidden}
         for name, fn in (("eager", eager), ("compile", compiled), ("compile+cudagraphs", graphs)):
-            row[f"{name}_s"] = cuda_time(lambda fn=fn, inp=inp: fn(*inp.args), 3, 20)
+            if name == "compile+cudagraphs" and not b.cuda:
+                continue
+            row[f"{name}_s"] = b.time(lambda fn=fn, inp=inp: fn(*inp.args), 3, 20)
         rows.append(row)
     return {"chain": rows}
 
 
-def lab06() -> dict:
-    dev = need_cuda()
-    nbytes = 256 * 3 * 224 * 224 * 4  # an ImageNet batch of 256, fp32
+def lab06(b: Bench) -> dict:
+    dev = b.need_gpu()
+    nbytes = b.size(256 * 3 * 224 * 224 * 4, 4096)  # an ImageNet batch of 256, fp32
     pageable = torch.empty(nbytes // 4)
-    pinned = torch.empty(nbytes // 4).pin_memory()
-    out = {}
-    for name, host in (("pageable", pageable), ("pinned", pinned)):
-        t = cuda_time(lambda host=host: host.to(dev, non_blocking=True), 2, 10)
+    out: dict[str, Any] = {}
+    hosts = {"pageable": pageable}
+    if b.cuda:
+        hosts["pinned"] = torch.empty(nbytes // 4).pin_memory()
+    for name, host in hosts.items():
+        t = b.time(lambda host=host: host.to(dev, non_blocking=True), 2, 10)
         out[name] = {"bytes": nbytes, "time_s": t, "bandwidth_Bps": nbytes / t}
+    if not b.cuda:
+        return out
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     side = torch.cuda.Stream()
-    compute = cuda_time(lambda: a @ a, 2, 5)
-    copy = out["pinned"]["time_s"]
+    compute = b.time(lambda: a @ a, 2, 5)
+    pinned = hosts["pinned"]
 
     def both() -> None:
         with torch.cuda.stream(side):
@@ -271,21 +373,23 @@ def lab06() -> dict:
         torch.cuda.current_stream().wait_stream(side)
         x.record_stream(torch.cuda.current_stream())
 
-    out["overlap"] = {"compute_s": compute, "copy_s": copy, "both_s": cuda_time(both, 2, 5)}
+    out["overlap"] = {"compute_s": compute, "copy_s": out["pinned"]["time_s"],
+                      "both_s": b.time(both, 2, 5)}
     return out
 
 
-def lab12() -> dict:
-    dev = need_cuda()
+def lab12(b: Bench) -> dict:
+    dev = b.need_gpu()
     if not hasattr(torch, "_int_mm"):
         raise Skip("this torch has no torch._int_mm")
     rows = []
-    for m, n, k in ((32, 8192, 8192), (4096, 8192, 8192)):
+    low = torch.bfloat16 if b.cuda else torch.float32
+    for m, n, k in b.size(((32, 8192, 8192), (4096, 8192, 8192)), ((32, 64, 64),)):
         a8 = torch.randint(-128, 127, (m, k), device=dev, dtype=torch.int8)
         b8 = torch.randint(-128, 127, (k, n), device=dev, dtype=torch.int8)
-        a16, b16 = a8.to(torch.bfloat16), b8.to(torch.bfloat16)
-        t8 = cuda_time(lambda a8=a8, b8=b8: torch._int_mm(a8, b8))
-        t16 = cuda_time(lambda a16=a16, b16=b16: a16 @ b16)
+        a16, b16 = a8.to(low), b8.to(low)
+        t8 = b.time(lambda a8=a8, b8=b8: torch._int_mm(a8, b8))
+        t16 = b.time(lambda a16=a16, b16=b16: a16 @ b16)
         rows.append({"m": m, "n": n, "k": k, "int8_s": t8, "bf16_s": t16,
                      "int8_ops_per_s": 2 * m * n * k / t8, "speedup": t16 / t8})
     return {"int_mm": rows}
@@ -297,13 +401,21 @@ def parallel(skip_torchrun: bool) -> dict:
     demos = ["labsim.parallel.data_parallel:demo", "labsim.parallel.zero:demo",
              "labsim.parallel.tensor_parallel:demo", "labsim.parallel.pipeline:demo",
              "labsim.checks.collectives.reference:demo"]
-    out = {"backend": "nccl" if torch.cuda.is_available() else "gloo", "demos": {}}
+    out: dict[str, Any] = {"backend": "nccl" if torch.cuda.is_available() else "gloo",
+                           "demos": {}}
     for spec in demos:
-        run = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
-             "--master_port=29531", "-m", "labsim.lab.worker", spec],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+        try:
+            run = subprocess.run(
+                [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                 "--master_port=29531", "-m", "labsim.lab.worker", spec],
+                capture_output=True, text=True, timeout=60, cwd=ROOT,
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                    p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+                    OMP_NUM_THREADS="1"))
+        except subprocess.TimeoutExpired:
+            out["demos"][spec] = {"returncode": None, "result": None,
+                                  "stderr_tail": "timed out after 60 s"}
+            continue
         lines = [ln for ln in run.stdout.splitlines() if ln.startswith("rank 0:")]
         out["demos"][spec] = {"returncode": run.returncode,
                               "result": lines[0].split(":", 1)[1].strip() if lines else None,
@@ -313,19 +425,23 @@ def parallel(skip_torchrun: bool) -> dict:
 
 # -- the record ---------------------------------------------------------------------------------
 
-def environment() -> dict:
-    env = {"torch": torch.__version__, "python": platform.python_version(),
-           "date": datetime.date.today().isoformat(), "host": platform.node()}
+def environment(smoke: bool) -> dict:
+    env: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                           "date": datetime.date.today().isoformat()}
+    if smoke:
+        env["smoke"] = True  # toy sizes: records.gpu_record refuses such a file
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         env.update(gpu=props.name, sm_count=props.multi_processor_count,
                    memory_bytes=props.total_memory, cuda=torch.version.cuda,
                    capability=".".join(map(str, torch.cuda.get_device_capability(0))))
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                  "--format=csv,noheader"], capture_output=True, text=True)
-            env["driver"] = smi.stdout.strip().splitlines()[0] if smi.stdout else None
-        except OSError:
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+            fields = [f.strip() for f in smi.stdout.splitlines()[0].split(",")]
+            env.update(driver=fields[0], max_sm_clock=fields[1], power_limit=fields[2])
+        except (OSError, IndexError, subprocess.TimeoutExpired):
             env["driver"] = None
     else:
         env["gpu"] = None
@@ -338,13 +454,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"where the JSON files go (default with a GPU: {DEFAULT_OUT})")
     parser.add_argument("--only", default="", help="comma-separated sections, e.g. 00,04")
     parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="toy sizes on any device: exercises every path, measures nothing")
     args = parser.parse_args(argv)
-    out_dir = args.out or (DEFAULT_OUT if torch.cuda.is_available() else None)
+    bench = Bench(smoke=args.smoke)
+    out_dir = args.out or (DEFAULT_OUT if bench.cuda and not bench.smoke else None)
     sections: dict[str, Callable[[], dict]] = {
-        "00": lab00, "02": lab02, "03": lab03, "04": lab04, "05": lab05, "06": lab06,
-        "12": lab12, "parallel": lambda: parallel(args.skip_torchrun)}
+        "00": lambda: lab00(bench), "02": lambda: lab02(bench), "03": lambda: lab03(bench),
+        "04": lambda: lab04(bench), "05": lambda: lab05(bench), "06": lambda: lab06(bench),
+        "12": lambda: lab12(bench), "parallel": lambda: parallel(args.skip_torchrun)}
     chosen = [s for s in args.only.split(",") if s] or list(sections)
-    env = environment()
+    env = environment(args.smoke)
     print(f"device: {env['gpu'] or 'no CUDA GPU'} | torch {env['torch']}", flush=True)
     skipped = 0
     for key in chosen:

@@ -39,7 +39,7 @@ def gpu_record(lab: str) -> GpuRecord | None:
     if not path.is_file():
         return None
     doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("status") != "measured":
-        return None
+    if doc.get("status") != "measured" or doc.get("environment", {}).get("smoke"):
+        return None  # a failed section, or toy sizes (``--smoke``), is not a measurement
     env = doc.pop("environment", {})
     return GpuRecord(lab, env, doc)
