@@ -245,19 +245,30 @@ def layer_rows(b: Bench, dev: torch.device) -> list[dict]:
 
 def lab03(b: Bench) -> dict:
     dev = b.need_gpu()
-    from labsim.checkpointing import every_k
+    from labsim.checkpointing import every_k, sqrt_segments
     from labsim.checks.checkpointing import forward_segments
     from labsim.lab.models import residual_mlp
 
     depth, width, rows = 32, b.size(1024, 32), b.size(16384, 64)
     blocks = residual_mlp(depth, width).to(dev)
     x = torch.randn(rows, width, device=dev)
-    out: dict[str, Any] = {"depth": depth, "width": width, "rows": rows}
-    for label, starts in (("none", None), ("every layer", every_k(depth, 1))):
+    out: dict[str, Any] = {"depth": depth, "width": width, "rows": rows,
+                           "peak": "allocated above the weights and the batch, gradients "
+                                   "included (none held before the step)"}
+    for label, starts in (("none", None), ("every layer", every_k(depth, 1)),
+                          ("every sqrt(n)", sqrt_segments(depth))):
         def step(starts=starts) -> None:
-            blocks.zero_grad(set_to_none=True)
             forward_segments(blocks, x, starts).square().mean().backward()
-        out[label] = {"step_s": b.time(step, 2, 5), "peak_bytes": b.peak_bytes(step)}
+
+        def clean_step(step=step) -> None:
+            blocks.zero_grad(set_to_none=True)  # freed before the clock and the peak start
+            step()
+
+        t = b.time(clean_step, 2, 5)
+        blocks.zero_grad(set_to_none=True)
+        out[label] = {"starts": list(starts or [0]), "step_s": t,
+                      "peak_bytes": b.peak_bytes(step)}
+        blocks.zero_grad(set_to_none=True)
     return out
 
 
@@ -331,12 +342,14 @@ def triton_forward(b: Bench, dev: torch.device) -> list[dict] | str:
 def lab05(b: Bench) -> dict:
     dev = b.need_gpu()
     from labsim.experiments.fusion import bias_gelu_dropout_residual, chain_inputs
+    from labsim.lab.device import time_queued
 
     rows = []
     eager = bias_gelu_dropout_residual
     compiled = torch.compile(eager, dynamic=False)
     graphs = torch.compile(eager, mode="reduce-overhead", dynamic=False)
     hidden = b.size(4096, 64)
+    calls = b.size(200, 3)
     for rows_n in b.size((16, 1024, 65536), (4,)):
         inp = chain_inputs(rows_n, hidden, device=dev)
         row: dict[str, Any] = {"rows": rows_n, "hidden": hidden}
@@ -344,8 +357,36 @@ def lab05(b: Bench) -> dict:
             if name == "compile+cudagraphs" and not b.cuda:
                 continue
             row[f"{name}_s"] = b.time(lambda fn=fn, inp=inp: fn(*inp.args), 3, 20)
+            # back to back, one synchronisation at the end: the queue's throughput
+            row[f"{name}_queued_s"] = time_queued(lambda fn=fn, inp=inp: fn(*inp.args),
+                                                  device=dev, calls=calls, warmup=3)
+        if b.cuda:  # the eager chain captured once with static inputs and replayed
+            try:
+                row.update(graph_replay(eager, inp.args, b, calls))
+            except Exception as exc:  # a capture failure is the finding to record
+                row["graph_replay_error"] = f"{type(exc).__name__}: {exc}"[:300]
         rows.append(row)
-    return {"chain": rows}
+    return {"chain": rows, "timing": "*_s: CUDA events around one call (median); "
+                                     "*_queued_s: wall clock per call over back-to-back calls"}
+
+
+def graph_replay(fn: Callable[..., Any], args: tuple, b: Bench, calls: int) -> dict:
+    """``fn(*args)`` captured in a CUDA graph (warmed up on a side stream, as PyTorch's CUDA
+    graph notes require) and replayed: time per replay, alone and back to back."""
+    from labsim.lab.device import time_queued
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    return {"graph_replay_s": b.time(graph.replay, 3, 20),
+            "graph_replay_queued_s": time_queued(graph.replay, device=b.device, calls=calls,
+                                                 warmup=3)}
 
 
 def lab06(b: Bench) -> dict:
