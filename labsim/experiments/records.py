@@ -144,9 +144,9 @@ def recorded_layers() -> RecordTable:
     chip = catalog_gpu(rec.environment)
     r = rec.results
     rows = [(f"{r['model']} step, batch {r['batch']} x {r['seq_len']}, fp32",
-             fmt_time(r["fp32"]["step_s"]), "-", "-"),
+             fmt_time(r["fp32"]["step_s"]), "-", f"peak {fmt_bytes(r['fp32']['peak_bytes'])}"),
             ("same step, bf16 autocast", fmt_time(r["autocast-bf16"]["step_s"]), "-",
-             f"{r['speedup']:.2f}x faster")]
+             f"{r['speedup']:.2f}x faster; peak {fmt_bytes(r['autocast-bf16']['peak_bytes'])}")]
     for layer in r.get("layer", ()):
         model = Transformer(layers=1, hidden=layer["hidden"], heads=layer["heads"],
                             seq_len=layer["seq_len"], vocab=50257, dropout=False)
@@ -265,8 +265,10 @@ def recorded_fusion() -> RecordTable:
              "model, not a prediction)"]
     return RecordTable(
         f"The element-wise chain on {chip.name}, fp32, time per call", rec.label,
-        ("elements", "eager", "eager, CUDA graph", "labsim: 5 kernels' traffic", "compiled",
-         "compiled, reduce-overhead", "labsim: 1 kernel's traffic"), tuple(rows), tuple(notes))
+        ("elements", "eager", "as a CUDA graph", "labsim: 5 kernels", "compiled",
+         "reduce-overhead", "labsim: 1 kernel"), tuple(rows),
+        (*notes, "(labsim: the kernels' memory traffic at the datasheet bandwidth; "
+                 "reduce-overhead: torch.compile(mode=\"reduce-overhead\"))"))
 
 
 def recorded_copies() -> RecordTable:
