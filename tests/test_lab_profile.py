@@ -38,14 +38,15 @@ def test_views_and_allocations_are_not_counted() -> None:
 def test_peak_is_the_largest_moment_not_the_sum() -> None:
     n = 1 << 20
 
-    def two_temporaries() -> float:
-        first = torch.ones(n)  # 4 MiB, freed before the next one is made
+    def two_temporaries(like: torch.Tensor) -> float:
+        first = torch.ones(n, device=like.device)  # 4 MiB, freed before the next one is made
         total = float(first.sum())
         del first
-        second = torch.ones(n)
+        second = torch.ones(n, device=like.device)
         return total + float(second.sum())
 
-    peak = peak_bytes(two_temporaries)
+    # a CPU tensor argument: with no tensor arguments a machine with a GPU measures CUDA
+    peak = peak_bytes(two_temporaries, torch.empty(0))
     assert 4 * n <= peak < 2 * 4 * n
 
 
@@ -63,3 +64,26 @@ def test_torch_calls_sees_every_tensor_built_and_every_call() -> None:
     assert calls.largest == 64 * 64
     assert "softmax" in calls.names
     assert torch_calls(lambda t: t[:4].mul_(2), q).largest == 4 * 8
+
+
+def test_bytes_are_counted_where_profiler_events_carry_no_dtypes(monkeypatch) -> None:
+    """Before torch 2.13 a FunctionEvent has no ``input_dtypes`` (seen on torch 2.11 + CUDA
+    13.0, where lab 05's first ``count_ops`` raised AttributeError); the Kineto events carry
+    the same dtypes, and the counts must not change."""
+    from torch.autograd import profiler_util
+
+    x, bias = torch.randn(8, 16), torch.randn(16)
+    with_dtypes = count_ops(torch.add, x, bias)
+    init = profiler_util.FunctionEvent.__init__
+    built = []
+
+    def older_init(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        self.__dict__.pop("input_dtypes", None)
+        built.append(self)
+
+    monkeypatch.setattr(profiler_util.FunctionEvent, "__init__", older_init)
+    without = count_ops(torch.add, x, bias)
+    assert built and not any(hasattr(e, "input_dtypes") for e in built)
+    assert without.nbytes == with_dtypes.nbytes == (128 + 16 + 128) * 4
+    assert without.by_name() == with_dtypes.by_name() == {"aten::add": 1}
