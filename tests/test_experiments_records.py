@@ -161,7 +161,13 @@ def test_what_the_labs_say_of_the_record_is_what_the_record_holds() -> None:
     assert f"({r00['hbm']['bandwidth_Bps'] / 1e12:.2f} of 4.8 TB/s" in text00
 
     r02 = records.gpu_record("02_mixed_precision").results
-    assert f"**{r02['speedup']:.1f}× faster**" in _notebook_text("02_mixed_precision.ipynb")
+    text02 = _notebook_text("02_mixed_precision.ipynb")
+    assert f"**{r02['speedup']:.1f}× faster**" in text02
+    step = next(r for r in records.recorded_layers().rows if r[0].startswith("same step"))
+    predicted_ms = float(step[2].removeprefix("step model ").removesuffix(" ms"))
+    assert f"step at {predicted_ms} ms" in text02
+    ratio = r02["autocast-bf16"]["step_s"] * 1e3 / predicted_ms
+    assert f"**{ratio:.1f}×** that" in text02
 
     r03 = records.gpu_record("03_checkpointing").results
     ratio = r03["none"]["peak_bytes"] / r03["every layer"]["peak_bytes"]
