@@ -129,3 +129,18 @@ def test_the_attention_experiments_import_without_triton() -> None:
     code = ("import sys, labsim.experiments.attention; "
             "sys.exit('triton' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_triton_without_knobs_is_named_not_crashed_on(monkeypatch) -> None:
+    """Triton 3.3.1 has no ``triton.knobs``, which the kernel's launcher sets: lab 04's cell
+    must print why it skips, not raise AttributeError."""
+    import sys
+    import types
+
+    from labsim.experiments.attention import triton_available
+
+    old = types.ModuleType("triton")
+    old.__version__ = "3.3.1"
+    monkeypatch.setitem(sys.modules, "triton", old)
+    reason = triton_available()
+    assert reason is not None and "3.3.1" in reason and "triton>=3.4" in reason

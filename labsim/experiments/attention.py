@@ -107,11 +107,16 @@ def flash_loss_curves(steps: int = 30, seed: int = 0) -> dict[str, list[float]]:
 
 
 def triton_available() -> str | None:
-    """None when Triton can be imported, else the reason it cannot (to print or skip on)."""
+    """None when Triton can run the kernel here, else the reason it cannot (to print or skip
+    on): Triton missing, or older than 3.4 (3.3.1 has no ``triton.knobs``, which
+    ``triton_flash_forward`` sets)."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError as exc:  # pragma: no cover - depends on the environment
         return f"triton is not installed ({exc}); CUDA builds of torch bring it"
+    if not hasattr(triton, "knobs"):
+        return (f"triton {getattr(triton, '__version__', '?')} has no triton.knobs: the kernel "
+                "needs Triton 3.4 or newer (pip install 'triton>=3.4', or a newer torch)")
     return None
 
 
