@@ -15,16 +15,18 @@ before the one run on a GPU; its figures mean nothing.
 Sections (each stands alone; a failure is recorded with its error and the others go on):
 
 * 00 matmul FLOP/s by dtype (fp32 without and with TF32, bf16, fp16, fp8 where the GPU has
-  it) and size (4096 against 4097: wave quantisation), HBM bandwidth (device copy);
+  it) and size (4096 against 4097: a row that breaks 16-byte alignment), HBM bandwidth
+  (device copy); the bf16 GEMMs of a GPT-3 layer under 8-way tensor parallelism;
 * 02 a GPT training step in fp32 and under autocast(bf16): time and peak memory; one
   transformer layer's forward + backward in bf16 at GPT-3-like widths (the step model's
   compute, measured);
-* 03 checkpointing a residual MLP: none against every layer, peak memory and time;
+* 03 checkpointing a residual MLP: none, every layer and every √n layers, peak memory and
+  time;
 * 04 attention forward + backward by sequence length: naive against each SDPA backend
   (math, memory-efficient, flash, cuDNN), time and peak memory; the lab's Triton
   FlashAttention-2 forward against SDPA's forward, time and largest difference;
-* 05 the lab's element-wise chain: eager, ``torch.compile``, and compiled with CUDA graphs
-  (``mode="reduce-overhead"``), by tensor size;
+* 05 the lab's element-wise chain: eager, eager replayed from a CUDA graph, ``torch.compile``,
+  and compiled with CUDA graphs (``mode="reduce-overhead"``), by tensor size;
 * 06 host-to-device copies: pageable against pinned, and a pinned copy on a side stream while
   the default stream computes (overlap);
 * 12 ``torch._int_mm`` (int8 tensor cores) against a bf16 matmul;

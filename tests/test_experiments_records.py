@@ -81,7 +81,8 @@ def test_a_lab_without_a_record_has_none_and_a_record_reads_back(tmp_path, monke
 # -- the records beside labsim's predictions -------------------------------------------------
 
 TABLES = ("recorded_matmuls", "recorded_layers", "recorded_checkpointing", "recorded_attention",
-          "recorded_fusion", "recorded_copies", "recorded_nccl_demos", "recorded_int8")
+          "recorded_triton_forward", "recorded_fusion", "recorded_copies", "recorded_nccl_demos",
+          "recorded_int8")
 
 
 def test_every_table_is_labelled_with_the_record_it_shows() -> None:

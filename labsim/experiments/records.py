@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import torch
+
 from labsim.attention import attention_cost
 from labsim.checkpointing import segment_peak_bytes
 from labsim.cluster import Cluster
 from labsim.compute import gemm_time, layer_cost, memory_time
+from labsim.experiments.quantization import Table
 from labsim.fusion import BIAS_GELU_DROPOUT_RESIDUAL, chain_launches, chain_time
 from labsim.hardware import GPU, gpu, link
 from labsim.plan import Plan
@@ -73,14 +76,8 @@ class RecordTable:
     notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        widths = [max(len(str(r[i])) for r in (self.columns, *self.rows))
-                  for i in range(len(self.columns))]
-        lines = [self.title, f"({self.label})",
-                 "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(self.columns, widths)))]
-        lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(row, widths))) for row in self.rows]
-        return "\n".join([*lines, *self.notes])
+        table = Table(self.columns, self.rows, title=f"{self.title}\n({self.label})")
+        return "\n".join([repr(table), *self.notes])
 
 
 def catalog_gpu(environment: dict[str, Any]) -> GPU:
@@ -179,12 +176,14 @@ def recorded_checkpointing() -> RecordTable:
     bytes counted by ``experiments.checkpointing.block_bytes``) plus the gradients, and the
     time."""
     from labsim.experiments.checkpointing import block_bytes
+    from labsim.lab.models import ResidualBlock
 
     rec = _record("03_checkpointing")
     r = rec.results
     saved, boundary = block_bytes(r["width"], r["rows"])
     depth, width = r["depth"], r["width"]
-    grads = depth * (2 * 4 * width * width + 4 * width + 3 * width) * 4  # fp32 weights + biases
+    with torch.device("meta"):  # the block's fp32 parameters, counted without allocating
+        grads = depth * 4 * sum(p.numel() for p in ResidualBlock(width).parameters())
     base = r["none"]["step_s"]
     rows = []
     for label in ("none", "every layer", "every sqrt(n)"):
@@ -202,10 +201,8 @@ def recorded_checkpointing() -> RecordTable:
 
 
 def recorded_attention() -> RecordTable:
-    """Lab 04: attention forward + backward by sequence length, naive against SDPA's backends
-    (time, allocator peak), and the lab's Triton forward against SDPA's forward and against
-    the roofline of the tiled kernel (``attention.attention_cost``, FlashAttention-1 block
-    sizes for the SM's 227 KB of shared memory per block)."""
+    """Lab 04: attention forward + backward by sequence length, naive against SDPA's backends:
+    time, allocator peak, and that peak per attention score (O(N^2) memory is a constant)."""
     rec = _record("04_flash_attention")
     chip = catalog_gpu(rec.environment)
     r = rec.results
@@ -218,27 +215,32 @@ def recorded_attention() -> RecordTable:
         scores = batch * heads * row["n"] ** 2
         rows.append((f"N={row['n']} {row['kernel']}", fmt_time(row["time_s"]),
                      fmt_bytes(row["peak_bytes"]), f"{row['peak_bytes'] / scores:.2f}"))
-    fb = RecordTable(f"Attention forward + backward on {chip.name}, bf16, batch {batch}, "
-                     f"{heads} heads of {d}", rec.label,
-                     ("case", "time", "allocator peak", "bytes per score"), tuple(rows))
-    tri = r.get("triton_forward")
-    if not isinstance(tri, list):
-        return fb
-    more = []
-    for row in tri:
+    return RecordTable(f"Attention forward + backward on {chip.name}, bf16, batch {batch}, "
+                       f"{heads} heads of {d}", rec.label,
+                       ("case", "time", "allocator peak", "bytes per score"), tuple(rows))
+
+
+def recorded_triton_forward() -> RecordTable:
+    """Lab 04: the lab's Triton FlashAttention-2 forward against SDPA's forward, and against
+    the roofline of the tiled kernel (``attention.attention_cost``, FlashAttention-1 block
+    sizes for the 227 KB of shared memory one thread block may use on Hopper)."""
+    rec = _record("04_flash_attention")
+    chip = catalog_gpu(rec.environment)
+    r = rec.results
+    batch, heads, d = r["batch"], r["heads"], r["head_dim"]
+    rows = []
+    for row in r["triton_forward"]:
+        case = f"N={row['n']} causal={row['causal']}"
         if "error" in row:
-            more.append((f"N={row['n']} causal={row['causal']}", "failed", row["error"][:40],
-                         "-", "-"))
+            rows.append((case, "failed", row["error"][:40], "-", "-"))
             continue
         cost = attention_cost(chip, row["n"], d, method="tiled", sram_bytes=227e3, heads=heads,
                               batch=batch, causal=row["causal"])
-        more.append((f"N={row['n']} causal={row['causal']}", fmt_time(row["triton_s"]),
-                     fmt_time(row["sdpa_s"]), fmt_time(cost.time_s),
-                     f"{row['max_abs_diff_vs_sdpa']:.1e}"))
-    rows_all = fb.rows + (("", "", "", ""), ("Triton FA2 forward vs SDPA forward", "Triton",
-                                             "SDPA", "roofline | max|diff|"),)
-    rows_all += tuple((c, a, b, f"{t} | {e}") for c, a, b, t, e in more)
-    return RecordTable(fb.title, fb.label, fb.columns, rows_all)
+        rows.append((case, fmt_time(row["triton_s"]), fmt_time(row["sdpa_s"]),
+                     fmt_time(cost.time_s), f"{row['max_abs_diff_vs_sdpa']:.1e}"))
+    return RecordTable(f"The lab's Triton forward against SDPA's on {chip.name}, bf16",
+                       rec.label, ("case", "Triton", "SDPA", "roofline", "max |difference|"),
+                       tuple(rows))
 
 
 # Bytes per element of the chain's tensors (lab 05's SIZES): fp32 data, a bool keep-mask,

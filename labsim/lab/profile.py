@@ -63,9 +63,6 @@ _PROFILER_DTYPES = {
     "float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16",
     "long int": "int64", "int": "int32", "bool": "bool", "unsigned char": "uint8",
     "signed char": "int8", "short int": "int16",
-    # c10::ScalarType names, which some builds report instead of C++ type names
-    "Float": "fp32", "Double": "fp64", "Half": "fp16", "BFloat16": "bf16", "Long": "int64",
-    "Int": "int32", "Bool": "bool", "Byte": "uint8", "Char": "int8", "Short": "int16",
 }
 
 
@@ -162,28 +159,20 @@ def _op_bytes(name: str, shapes: list, dtypes: list) -> float:
 def _input_dtypes(prof: profile) -> Callable[[Any], list]:
     """``event -> its inputs' dtype names`` for the profiler's events.  ``FunctionEvent`` has
     ``input_dtypes`` from torch 2.13; before that the Kineto event it was built from has them
-    as ``dtypes()``: the one with the event's id (its correlation id,
-    ``torch.autograd.profiler._parse_kineto_results``), else the next one of the same name and
-    input shapes."""
-    kineto: list[Any] | None = None
-    used: set[int] = set()
+    as ``dtypes()``: the first one with the event's id, its correlation id
+    (``torch.autograd.profiler._parse_kineto_results``; later events can share the id)."""
+    by_id: dict[int, list] | None = None
 
     def dtypes(event: Any) -> list:
-        nonlocal kineto
+        nonlocal by_id
         found = getattr(event, "input_dtypes", None)
         if found is not None:
             return list(found)
-        if kineto is None:
-            kineto = list(prof.profiler.kineto_results.events())
-        for pass_ in ("id", "name and shapes"):
-            for i, k in enumerate(kineto):
-                if i in used:
-                    continue
-                if (k.correlation_id() == event.id if pass_ == "id" else
-                        k.name() == event.name and list(k.shapes()) == list(event.input_shapes)):
-                    used.add(i)
-                    return list(k.dtypes())
-        return []
+        if by_id is None:
+            by_id = {}
+            for k in prof.profiler.kineto_results.events():
+                by_id.setdefault(k.correlation_id(), list(k.dtypes()))
+        return by_id.get(event.id, [])
 
     return dtypes
 
