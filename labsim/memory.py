@@ -219,6 +219,7 @@ def activation_per_layer(
     dtype_bytes: float = 2,
     mask_bytes: float | None = None,
     attention: str = "standard",
+    swiglu_fused: bool = False,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
@@ -273,7 +274,7 @@ def activation_per_layer(
     # Q, a 4h GeLU MLP) the split part is 24 sbh.
     kv = model.kv_dim / h
     f = model.ffn_hidden / h
-    mlp = 4 * f if model.swiglu else 2 * f
+    mlp = (3 if swiglu_fused else 4) * f if model.swiglu else 2 * f
     replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
     split = d * (2 + 2 * kv + mlp)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
@@ -349,7 +350,8 @@ def zero_stages(
 
 
 def step_memory(model: Transformer, plan: object, in_flight: int, *,
-                extra_grad_bytes_per_param: float = 0.0) -> MemoryBreakdown:
+                extra_grad_bytes_per_param: float = 0.0,
+                swiglu_fused: bool = False) -> MemoryBreakdown:
     """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
     at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
@@ -360,8 +362,9 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     the one computing, the one whose gradients are being reduced, and ``zero3_prefetch``
     ahead.  ``extra_grad_bytes_per_param``: a second gradient the software keeps beside the
     precision's for the whole step (a software profile's, ``labsim.software``), counted with
-    the gradients.  Allocator fragmentation, workspaces and communication buffers are not
-    counted.
+    the gradients.  ``swiglu_fused``: a SwiGLU MLP keeps three f-wide tensors, not four
+    (``activation_per_layer``).  Allocator fragmentation, workspaces and communication
+    buffers are not counted.
     """
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
@@ -369,7 +372,7 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     per_layer = activation_per_layer(
         model, micro_batch=plan.micro_batch, tp=plan.tp,
         sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-        dtype_bytes=prec.activation_bytes, attention=plan.attention)
+        dtype_bytes=prec.activation_bytes, attention=plan.attention, swiglu_fused=swiglu_fused)
     split = plan.chunk_layers(model.layers)
     mine = split[0::plan.pp]  # the first stage's chunks, in its local order
     if len(set(mine)) == 1:

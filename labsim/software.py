@@ -82,7 +82,14 @@ Fields:
   non-reentrant ``torch.utils.checkpoint`` (what FSDP's ``checkpoint_wrapper`` with
   ``CheckpointImpl.NO_REENTRANT`` runs) stops recomputing once every saved tensor is rebuilt,
   by default since PyTorch 2.1 (pytorch/pytorch#96866); Megatron-LM and DeepSpeed run their
-  own checkpoint functions, which replay the whole forward.
+  own checkpoint functions, which replay the whole forward;
+* ``swiglu_fused`` -- a SwiGLU MLP's ``silu(gate) * up`` is one autograd function that keeps
+  its input only and recomputes the SiLU in backward, so the MLP keeps three f-wide tensors
+  (gate and up, and the product as the down projection's input), not four
+  (``labsim.memory.activation_per_layer``): Megatron-Core's ``bias_swiglu_impl``
+  (``megatron/core/fusions/fused_bias_swiglu.py``, ``SwiGLUFunction`` saves its input),
+  on by default in Megatron-LM's training arguments (``--no-bias-swiglu-fusion`` turns it
+  off); eager PyTorch (``F.silu(gate) * up``) keeps four.
 """
 
 from __future__ import annotations
@@ -128,6 +135,7 @@ class SoftwareProfile:
     attention: str = "flash"
     flash_kernel: str = "cuda"
     recompute_early_stop: bool = False
+    swiglu_fused: bool = False
     fitted: str = "sustained"
     source: str = ""
     calibration: str = ""
@@ -151,6 +159,8 @@ class SoftwareProfile:
         if not isinstance(self.zero3_gather_syncs, bool):
             raise ValueError(f"zero3_gather_syncs={self.zero3_gather_syncs!r} must be True or "
                              "False")
+        if not isinstance(self.swiglu_fused, bool):
+            raise ValueError(f"swiglu_fused={self.swiglu_fused!r} must be True or False")
         if not isinstance(self.recompute_early_stop, bool):
             raise ValueError(f"recompute_early_stop={self.recompute_early_stop!r} must be True "
                              "or False")
@@ -246,8 +256,11 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "and parameter all-gather, FlashAttention (cuDNN)",
         MappingProxyType({"hopper": 0.746}), tp_comm_overlap=True, tp_overlap_hidden=0.8,
         overlap_grad_reduce=True, overlap_param_gather=True, bucket_bytes=40e6,
+        swiglu_fused=True,
         source="NVIDIA dgxc-benchmarking 24.11 recipes (ub_tp_comm_overlap, overlap_grad_sync, "
-        "overlap_param_sync: true); Megatron-Core DDP default bucket 40M elements",
+        "overlap_param_sync: true); Megatron-Core DDP default bucket 40M elements; fused "
+        "SwiGLU: megatron/core/fusions/fused_bias_swiglu.py, on unless "
+        "--no-bias-swiglu-fusion (megatron/training/arguments.py)",
         calibration="DGX-Cloud 24.11 BF16, smallest scale of each model (3 runs)"),
     SoftwareProfile(
         "deepspeed-zero3-2021", "DeepSpeed 0.3.x ZeRO-3 as in Narayanan et al. 2021 sec. 5.2: "

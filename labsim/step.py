@@ -687,7 +687,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     if memory:
         mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
                           if c.zero3_gather is None else 1,
-                          extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param)
+                          extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param,
+                          swiglu_fused=c.software.swiglu_fused)
     if c.zero3_gather is None:
         run = _evaluated_schedule(c)
         if run is not None:

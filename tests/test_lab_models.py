@@ -71,6 +71,52 @@ def test_block_activations_match_the_formula(swiglu: bool, dropout: float, flash
     assert meter.saved_bytes == formula + 2 * 2 * 4 * s * b
 
 
+class _FusedSwiGLU(torch.autograd.Function):
+    """silu(gate) * up keeping its inputs only, as Megatron-Core's ``SwiGLUFunction``
+    (``megatron/core/fusions/fused_bias_swiglu.py``): the SiLU is recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return torch.nn.functional.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        return grad * up * sig * (1 + gate * (1 - sig)), grad * gate * sig
+
+
+def test_a_fused_swiglu_keeps_three_f_wide_tensors_as_the_formula_says(monkeypatch) -> None:
+    # The same block as above with the SwiGLU as one function that keeps gate and up: the
+    # measured saved bytes drop by one f-wide tensor, what swiglu_fused=True counts.
+    cfg = Transformer(1, 128, 4, 64, 100, dropout=False, swiglu=True, ffn_hidden=344, bias=False)
+    s, b = cfg.seq_len, 3
+
+    def fused_mlp(self, x):
+        gate, up = self.up(x).chunk(2, dim=-1)
+        return self.down(_FusedSwiGLU.apply(gate, up))
+
+    torch.manual_seed(0)
+    x = torch.randn(b, s, cfg.hidden)
+    plain = Block(cfg).train()
+    fused = Block(cfg).train()
+    fused.load_state_dict(plain.state_dict())
+    monkeypatch.setattr(fused, "mlp", fused_mlp.__get__(fused))
+    saved = []
+    for block in (plain, fused):
+        with MemoryMeter(block) as meter:
+            y = block(x)
+        saved.append(meter.saved_bytes)
+        y.sum().backward()
+    torch.testing.assert_close(fused.up.weight.grad, plain.up.weight.grad)
+    norms = 2 * 2 * 4 * s * b
+    assert saved[0] == activation_per_layer(cfg, micro_batch=b, dtype_bytes=4) + norms
+    assert saved[1] == activation_per_layer(cfg, micro_batch=b, dtype_bytes=4,
+                                            swiglu_fused=True) + norms
+    assert saved[0] - saved[1] == 4 * s * b * cfg.ffn_hidden
+
+
 def test_long_sequence_rejected() -> None:
     cfg = Transformer(1, 32, 2, 8, 50)
     with pytest.raises(ValueError, match="seq_len"):

@@ -198,6 +198,19 @@ def test_dropout_free_models_keep_no_masks() -> None:
         activation_per_layer(llama, micro_batch=1, mask_bytes=1)
 
 
+def test_a_fused_swiglu_keeps_one_f_wide_tensor_fewer() -> None:
+    llama, gpt = Transformer.preset("llama2-70b"), Transformer.preset("gpt3-175b")
+    s, f = llama.seq_len, llama.ffn_hidden
+    for tp, sp in ((1, False), (8, False), (8, True)):
+        kw = {"micro_batch": 2, "tp": tp, "sequence_parallel": sp, "attention": "flash"}
+        assert activation_per_layer(llama, **kw) - activation_per_layer(
+            llama, swiglu_fused=True, **kw) == pytest.approx(2 * s * 2 * f / tp)
+        assert activation_per_layer(gpt, swiglu_fused=True, **kw) == \
+            activation_per_layer(gpt, **kw)  # a GeLU MLP has no SwiGLU to fuse
+    assert activation_per_layer(llama, micro_batch=1, recompute="full", swiglu_fused=True) == \
+        activation_per_layer(llama, micro_batch=1, recompute="full")
+
+
 def test_llama_7b_fp32_activations() -> None:
     # One 2048-token sequence in fp32: ~20 GB with FlashAttention, ~37 GB with the scores
     llama = Transformer.preset("llama-7b")

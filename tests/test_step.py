@@ -454,6 +454,32 @@ def test_non_reentrant_checkpoint_stops_before_the_last_gemm():
     assert torch113.sustained == PROFILES["fsdp"].sustained and not torch113.calibration
 
 
+def test_megatron_core_keeps_a_fused_swiglu_and_the_step_memory_follows():
+    """Megatron-Core fuses SwiGLU by default (``swiglu_fused``): on a SwiGLU model its step
+    keeps one f-wide tensor per layer and in-flight micro-batch fewer than a profile that does
+    not; on a GeLU model, and in time, nothing changes."""
+    fused = {n for n, p in PROFILES.items() if p.swiglu_fused}
+    assert fused == {"megatron-core-te"}
+    with pytest.raises(ValueError, match="True or False"):
+        replace(PROFILES["generic"], swiglu_fused=1)
+    c = labsim.dgx_h100(2)
+    llama, gpt = labsim.Transformer.preset("llama2-13b"), labsim.Transformer.preset("megatron-1.7b")
+    plan = Plan(tp=4, pp=2, dp=2, global_batch=16, sequence_parallel=True,
+                software="megatron-core-te")
+    unfused = replace(PROFILES["megatron-core-te"], swiglu_fused=False)
+    for model in (llama, gpt):
+        a = estimate_step(model, c, plan)
+        b = estimate_step(model, c, replace(plan, software=unfused))
+        assert a.step_time_s == b.step_time_s
+        held = b.memory.activations - a.memory.activations
+        if model.swiglu:
+            per_layer = 2 * model.seq_len * model.ffn_hidden / plan.tp  # bf16, SP-sharded
+            assert held > 0 and held / per_layer == pytest.approx(round(held / per_layer))
+            assert a.memory.activations == simulate_step(model, c, plan).memory.activations
+        else:
+            assert held == 0
+
+
 def test_tensor_parallel_overlap_is_a_plan_option():
     c, m = labsim.dgx_h100(1), labsim.Transformer.preset("llama2-13b")
     blocking = simulate_step(m, c, Plan(tp=8, global_batch=1, tp_comm_overlap=False))

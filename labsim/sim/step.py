@@ -78,8 +78,10 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     engine = _Engine(costs)
     ends = engine.run(fast=not events)
     in_flight = max_in_flight(engine.schedule[0]) if not costs.zero3_gather else 1
-    mem = step_memory(model, plan, in_flight, extra_grad_bytes_per_param=costs.software
-                      .extra_grad_bytes_per_param) if memory else None
+    soft = costs.software
+    mem = step_memory(model, plan, in_flight,
+                      extra_grad_bytes_per_param=soft.extra_grad_bytes_per_param,
+                      swiglu_fused=soft.swiglu_fused) if memory else None
     return result_from(costs, max(ends), engine.busy, engine.compute_end, mem, engine.all_spans)
 
 
