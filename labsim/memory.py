@@ -349,18 +349,34 @@ def zero_stages(
     }
 
 
+def zero3_unit_params(model: Transformer, tp: int, unit: str) -> tuple[float, ...]:
+    """Parameters on one GPU of each ZeRO-3 unit of a layer, in forward order: ``"layer"``
+    (FSDP: the whole layer) or ``"tensor"`` (DeepSpeed 2021: its four weight tensors, QKV,
+    output projection, MLP input, MLP output; biases and norms stay whole)."""
+    h, f = model.hidden, model.ffn_hidden
+    if unit == "tensor":
+        return (h * (h + 2 * model.kv_dim) / tp, h * h / tp,
+                (model.mlp_matrices - 1) * h * f / tp, f * h / tp)
+    return (model.params_per_layer / tp,)
+
+
 def step_memory(model: Transformer, plan: object, in_flight: int, *,
                 extra_grad_bytes_per_param: float = 0.0,
-                swiglu_fused: bool = False) -> MemoryBreakdown:
+                swiglu_fused: bool = False, zero3_unit: str = "layer") -> MemoryBreakdown:
     """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
     at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
     ``dp``) and the activations of ``in_flight`` chunks (``activation_per_layer``; with
     FlashAttention no s x s scores are kept).  Where the plan counts the embedding as a layer
     (``Plan.chunk_layers``), the first stage's chunks differ and its schedule is walked for
-    the most layers' activations held at once.  ZeRO-3 adds the layers it has gathered in full:
-    the one computing, the one whose gradients are being reduced, and ``zero3_prefetch``
-    ahead.  ``extra_grad_bytes_per_param``: a second gradient the software keeps beside the
+    the most layers' activations held at once.  With recomputation the layer being recomputed
+    holds, for the length of its backward, what it would keep without (one layer of one
+    micro-batch: ``activation_per_layer`` with ``recompute="none"`` less what is kept anyway),
+    the transient that Korthikanti et al.'s per-layer count leaves out.  ZeRO-3 adds the
+    units it has gathered in full (``zero3_unit``: a layer, or the largest weight tensor for
+    DeepSpeed 2021's per-tensor gathers; ``zero3_unit_params``): the one computing, the one
+    whose gradients are being reduced, and ``zero3_prefetch`` ahead.
+    ``extra_grad_bytes_per_param``: a second gradient the software keeps beside the
     precision's for the whole step (a software profile's, ``labsim.software``), counted with
     the gradients.  ``swiglu_fused``: a SwiGLU MLP keeps three f-wide tensors, not four
     (``activation_per_layer``).  Allocator fragmentation, workspaces and communication
@@ -380,13 +396,19 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     else:  # the embedding counted as a layer: chunk 0 holds fewer; walk the schedule
         held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine)
     activations = per_layer * held
+    if plan.recompute != "none":  # the recomputed layer's working set, one at a time
+        activations += activation_per_layer(
+            model, micro_batch=plan.micro_batch, tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel, recompute="none",
+            dtype_bytes=prec.activation_bytes, attention=plan.attention,
+            swiglu_fused=swiglu_fused) - per_layer
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g])
                   for g in range(0, chunks, plan.pp)))
     states = training_memory(n, precision=prec, optimizer=plan.optimizer,
                              zero_stage=plan.zero_stage, dp=plan.dp)
     params = states.params
     if plan.zero_stage == 3 and plan.dp > 1:
-        layer = model.params_per_layer / plan.tp
-        params += (plan.zero3_prefetch + 2) * layer * prec.weight_bytes
+        unit = max(zero3_unit_params(model, plan.tp, zero3_unit))
+        params += (plan.zero3_prefetch + 2) * unit * prec.weight_bytes
     grads = states.grads + extra_grad_bytes_per_param * n
     return MemoryBreakdown(params, grads, states.optimizer, activations)

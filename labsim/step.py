@@ -40,7 +40,7 @@ from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.hardware import GPU
-from labsim.memory import MemoryBreakdown, stage_params
+from labsim.memory import MemoryBreakdown, stage_params, zero3_unit_params
 from labsim.network import FoldedNetwork, Placed, shared_fractions, shared_growth
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
@@ -283,12 +283,7 @@ def zero3_gathers(model: Transformer, plan: Plan,
     later one unless the elements of the uses between (DeepSpeed's reuse distance: every
     module's parameters, once per use) stay under ``zero3_reuse_distance``.  Units: a layer,
     or its four weight tensors (QKV, output projection, MLP input, MLP output)."""
-    h, f, tp = model.hidden, model.ffn_hidden, plan.tp
-    if soft.zero3_unit == "tensor":
-        sizes = [h * (h + 2 * model.kv_dim) / tp, h * h / tp,
-                 (model.mlp_matrices - 1) * h * f / tp, f * h / tp]
-    else:
-        sizes = [model.params_per_layer / tp]
+    sizes = zero3_unit_params(model, plan.tp, soft.zero3_unit)
     n, u = model.layers, len(sizes)
     again = soft.zero3_recompute_gather and plan.recompute == "full"
     if soft.zero3_reuse_distance <= 0:  # nothing kept: every use gathers
@@ -688,7 +683,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
                           if c.zero3_gather is None else 1,
                           extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param,
-                          swiglu_fused=c.software.swiglu_fused)
+                          swiglu_fused=c.software.swiglu_fused,
+                          zero3_unit=c.software.zero3_unit)
     if c.zero3_gather is None:
         run = _evaluated_schedule(c)
         if run is not None:

@@ -34,7 +34,7 @@ def test_the_bloom_config_is_the_published_run(capsys):
     text = capsys.readouterr().out
     assert "inter=4 x opa-100, 2 NCCL channels across nodes" in text
     assert "software=megatron-deepspeed-2022" in text
-    assert "109.9 s" in text and "44.9 GB" in text
+    assert "109.9 s" in text and "46.9 GB" in text
 
 
 def test_json_config_and_custom_model(tmp_path, capsys):

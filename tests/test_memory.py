@@ -10,7 +10,9 @@ from labsim.memory import (
     activation_per_layer,
     bytes_per_param,
     stage_params,
+    step_memory,
     training_memory,
+    zero3_unit_params,
 )
 from labsim.workload import Transformer
 
@@ -209,6 +211,51 @@ def test_a_fused_swiglu_keeps_one_f_wide_tensor_fewer() -> None:
             activation_per_layer(gpt, **kw)  # a GeLU MLP has no SwiGLU to fuse
     assert activation_per_layer(llama, micro_batch=1, recompute="full", swiglu_fused=True) == \
         activation_per_layer(llama, micro_batch=1, recompute="full")
+
+
+def test_a_recomputing_step_holds_one_layer_whole_as_the_segment_model_says() -> None:
+    """With every layer checkpointed, the peak is every checkpoint plus the layer being
+    recomputed, whole: ``labsim.checkpointing.segment_peak_bytes`` with one layer per segment
+    (the model lab 03 measures against PyTorch), not Korthikanti et al.'s per-layer count
+    alone.  Selective recomputation holds one layer's recomputed attention core."""
+    from labsim.checkpointing import segment_peak_bytes
+    from labsim.plan import Plan
+
+    model = Transformer.preset("gpt3-175b")
+    for recompute, attention in (("full", "standard"), ("full", "flash"),
+                                 ("selective", "standard")):
+        plan = Plan(tp=8, micro_batch=2, global_batch=2, recompute=recompute,
+                    attention=attention, sequence_parallel=True)
+        kw = {"micro_batch": 2, "tp": 8, "sequence_parallel": True, "attention": attention}
+        whole = activation_per_layer(model, **kw)
+        kept = activation_per_layer(model, recompute=recompute, **kw)
+        held = step_memory(model, plan, 1).activations
+        assert held == pytest.approx(segment_peak_bytes([whole] * model.layers,
+                                                        [kept] * model.layers,
+                                                        range(model.layers)))
+        assert held == pytest.approx(model.layers * kept + whole - kept) and held > (
+            model.layers * kept)
+    none = Plan(tp=8, micro_batch=2, global_batch=2, attention="flash")
+    assert step_memory(model, none, 1).activations == pytest.approx(
+        model.layers * activation_per_layer(model, micro_batch=2, tp=8, attention="flash"))
+
+
+def test_zero3_holds_its_units_whole_a_tensor_for_deepspeed_a_layer_for_fsdp() -> None:
+    from labsim.plan import Plan
+
+    model = Transformer.preset("megatron-529.6b")
+    tensors = zero3_unit_params(model, 1, "tensor")
+    # the four weight matrices: all but the biases (3h, h, 4h, h) and two norms (2 x 2h)
+    assert model.params_per_layer - sum(tensors) == 13 * model.hidden
+    assert zero3_unit_params(model, 1, "layer") == (model.params_per_layer,)
+    plan = Plan(dp=64, micro_batch=1, global_batch=64, zero_stage=3, recompute="full",
+                zero3_prefetch=0, precision="fp16")
+    sharded = training_memory(float(stage_params(model)), precision="fp16", zero_stage=3,
+                              dp=64).params
+    layer = step_memory(model, plan, 1).params - sharded
+    tensor = step_memory(model, plan, 1, zero3_unit="tensor").params - sharded
+    assert layer == pytest.approx(2 * 2 * model.params_per_layer)
+    assert tensor == pytest.approx(2 * 2 * max(tensors)) and tensor < layer / 2
 
 
 def test_llama_7b_fp32_activations() -> None:

@@ -81,7 +81,8 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     soft = costs.software
     mem = step_memory(model, plan, in_flight,
                       extra_grad_bytes_per_param=soft.extra_grad_bytes_per_param,
-                      swiglu_fused=soft.swiglu_fused) if memory else None
+                      swiglu_fused=soft.swiglu_fused,
+                      zero3_unit=soft.zero3_unit) if memory else None
     return result_from(costs, max(ends), engine.busy, engine.compute_end, mem, engine.all_spans)
 
 
