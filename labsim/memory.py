@@ -353,6 +353,8 @@ def zero3_unit_params(model: Transformer, tp: int, unit: str) -> tuple[float, ..
     """Parameters on one GPU of each ZeRO-3 unit of a layer, in forward order: ``"layer"``
     (FSDP: the whole layer) or ``"tensor"`` (DeepSpeed 2021: its four weight tensors, QKV,
     output projection, MLP input, MLP output; biases and norms stay whole)."""
+    if unit not in ("layer", "tensor"):
+        raise ValueError(f"zero3 unit {unit!r}: choose 'layer' or 'tensor'")
     h, f = model.hidden, model.ffn_hidden
     if unit == "tensor":
         return (h * (h + 2 * model.kv_dim) / tp, h * h / tp,

@@ -256,6 +256,8 @@ def test_zero3_holds_its_units_whole_a_tensor_for_deepspeed_a_layer_for_fsdp() -
     tensor = step_memory(model, plan, 1, zero3_unit="tensor").params - sharded
     assert layer == pytest.approx(2 * 2 * model.params_per_layer)
     assert tensor == pytest.approx(2 * 2 * max(tensors)) and tensor < layer / 2
+    with pytest.raises(ValueError, match="'layer' or 'tensor'"):
+        zero3_unit_params(model, 1, "module")
 
 
 def test_llama_7b_fp32_activations() -> None:
