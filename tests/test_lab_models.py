@@ -117,6 +117,44 @@ def test_a_fused_swiglu_keeps_three_f_wide_tensors_as_the_formula_says(monkeypat
     assert saved[0] - saved[1] == 4 * s * b * cfg.ffn_hidden
 
 
+def test_a_checkpointed_stack_peaks_at_its_checkpoints_plus_one_layer_whole() -> None:
+    """Measured: six GPT layers, each checkpointed (weights frozen, so no weight gradients
+    accumulate), hold their six inputs after the forward, and during the backward the peak of
+    live storages is those plus one layer recomputed whole (``labsim.memory.step_memory``'s
+    count, the segment model's), far above the inputs alone (Korthikanti et al.'s per-layer
+    count); what is left over is the backward's own activation gradients."""
+    from torch.utils.checkpoint import checkpoint
+
+    from labsim.lab.memory import LiveBytes
+
+    torch.manual_seed(0)
+    layers, b = 6, 2
+    cfg = Transformer(layers, 256, 4, 128, 100, dropout=False)
+    blocks = torch.nn.ModuleList(Block(cfg) for _ in range(layers)).train()
+    blocks.requires_grad_(False)
+    x = torch.randn(b, cfg.seq_len, cfg.hidden, requires_grad=True)
+    with LiveBytes() as live:
+        h = x
+        for block in blocks:
+            h = checkpoint(block, h, use_reentrant=False)
+        after_forward = live.live
+        h.sum().backward()
+    s = cfg.seq_len
+    kept = 4 * s * b * cfg.hidden  # each layer's input, fp32
+    whole = activation_per_layer(cfg, micro_batch=b, dtype_bytes=4) + 2 * 2 * 4 * s * b
+    assert after_forward == layers * kept
+    model = (layers - 1) * kept + whole
+    assert model <= live.peak <= 1.15 * model
+    assert live.peak > 3 * layers * kept
+    from labsim.memory import step_memory
+    from labsim.plan import Plan
+
+    plan = Plan(micro_batch=b, global_batch=b, recompute="full", precision="fp32",
+                attention="standard")
+    norms = 2 * 2 * 4 * s * b  # LayerNorm's mean and 1/std, which the formula leaves out
+    assert step_memory(cfg, plan, 1).activations == pytest.approx(model - norms)
+
+
 def test_long_sequence_rejected() -> None:
     cfg = Transformer(1, 32, 2, 8, 50)
     with pytest.raises(ValueError, match="seq_len"):
