@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from labsim import Transformer
 from labsim.lab.datasets import random_batch
-from labsim.lab.memory import MemoryMeter
+from labsim.lab.memory import LiveBytes, MemoryMeter
 from labsim.lab.models import GPT, Block
-from labsim.memory import activation_per_layer
+from labsim.memory import activation_per_layer, step_memory
+from labsim.plan import Plan
 
 
 @pytest.mark.parametrize("name", ["gpt2-124m", "llama2-7b", "llama2-70b", "gpt2-350m"])
@@ -123,10 +125,6 @@ def test_a_checkpointed_stack_peaks_at_its_checkpoints_plus_one_layer_whole() ->
     live storages is those plus one layer recomputed whole (``labsim.memory.step_memory``'s
     count, the segment model's), far above the inputs alone (Korthikanti et al.'s per-layer
     count); what is left over is the backward's own activation gradients."""
-    from torch.utils.checkpoint import checkpoint
-
-    from labsim.lab.memory import LiveBytes
-
     torch.manual_seed(0)
     layers, b = 6, 2
     cfg = Transformer(layers, 256, 4, 128, 100, dropout=False)
@@ -146,9 +144,6 @@ def test_a_checkpointed_stack_peaks_at_its_checkpoints_plus_one_layer_whole() ->
     model = (layers - 1) * kept + whole
     assert model <= live.peak <= 1.15 * model
     assert live.peak > 3 * layers * kept
-    from labsim.memory import step_memory
-    from labsim.plan import Plan
-
     plan = Plan(micro_batch=b, global_batch=b, recompute="full", precision="fp32",
                 attention="standard")
     norms = 2 * 2 * 4 * s * b  # LayerNorm's mean and 1/std, which the formula leaves out
