@@ -69,7 +69,8 @@ class Efficiency:
     flash_forward, flash_backward: FlashAttention kernel throughput / dense peak (the
         ``"cuda"`` kernel).
     triton_flash: the ``"triton-2022"`` kernel's forward + backward throughput / dense peak
-        by sequence length (causal, head dim 128), as (sequence length, fraction) points.
+        by head dimension and sequence length (causal), as (head dim, ((sequence length,
+        fraction), ...)) pairs, head dims and lengths descending.
     sustained: fraction of those isolated-kernel rates that a GPU sustains inside a training
         step (gaps between kernels, launch and synchronisation latency, clocks under the
         power draw of compute + HBM + NVLink + NICs together, allocator and framework work).
@@ -82,22 +83,35 @@ class Efficiency:
     flash_backward: float
     sustained: float
     source: str
-    triton_flash: tuple[tuple[float, float], ...] = ()
+    triton_flash: tuple[tuple[int, tuple[tuple[float, float], ...]], ...] = ()
     overlap_slowdown: float = OVERLAP_SLOWDOWN
 
     def gemm(self, flops: float) -> float:
         """Fraction of dense peak a GEMM of ``flops`` FLOP achieves."""
         return self.gemm_plateau * _curve(GEMM_SHAPE, flops / 1e9)
 
-    def flash(self, kernel: str, seq_len: int) -> tuple[float, float]:
+    def flash(self, kernel: str, seq_len: int, head_dim: int = 128) -> tuple[float, float]:
         """(forward, backward) fraction of dense peak of FlashAttention ``kernel``
-        (``FLASH_KERNELS``) at ``seq_len`` tokens; a GPU with no published Triton curve
-        gets the CUDA kernel's fractions for both."""
+        (``FLASH_KERNELS``) at ``seq_len`` tokens and ``head_dim``; a GPU with no published
+        Triton curve gets the CUDA kernel's fractions for both.  Between the published head
+        dims the fraction is interpolated linearly, outside them the nearest is taken, and
+        beyond the longest published sequence it is held (no measurement goes further)."""
         if kernel not in FLASH_KERNELS:
             raise ValueError(f"flash kernel {kernel!r}: choose one of {FLASH_KERNELS}")
+        if not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")
         if kernel == "cuda" or not self.triton_flash:
             return self.flash_forward, self.flash_backward
-        both = _curve(self.triton_flash, seq_len)
+        dims = self.triton_flash
+        if head_dim >= dims[0][0]:
+            both = _curve(dims[0][1], seq_len)
+        elif head_dim <= dims[-1][0]:
+            both = _curve(dims[-1][1], seq_len)
+        else:
+            (d_hi, hi), (d_lo, lo) = next(
+                (a, b) for a, b in zip(dims, dims[1:]) if b[0] <= head_dim <= a[0])
+            w = (head_dim - d_lo) / (d_hi - d_lo)
+            both = (1 - w) * _curve(lo, seq_len) + w * _curve(hi, seq_len)
         return both, both
 
 
@@ -109,29 +123,38 @@ SUSTAINED_A100 = 0.80  # fitted: Narayanan et al. 2021, Table 1 (tests/test_step
 # tokens/s ratios are 2.12-2.34, the model with equal sustained fractions gives 2.71-2.87:
 # H100 sustains 0.80 (0.76-0.83) of A100's fraction (tests/test_step.py prints the pairs).
 SUSTAINED_H100 = SUSTAINED_A100 * 0.80
-# Forward + backward TFLOP/s of causal attention, head dim 128, by sequence length, read from
-# Dao 2023 (FlashAttention-2, arXiv:2307.08691) Fig. 4d (A100 80GB SXM4, the Triton kernel)
-# and Fig. 7 (H100 80GB SXM5, FlashAttention-2), as the flash-attention repository ships them
-# (assets/flash2_a100_fwd_bwd_benchmark.png, assets/flash2_h100_fwd_bwd_benchmark.png).
-_TRITON_A100_TFLOPS = ((16384, 80.0), (8192, 78.0), (4096, 74.0), (2048, 68.0), (1024, 61.0),
-                       (512, 50.0))
-_FA2_H100_TFLOPS = ((16384, 328.0), (8192, 308.0), (4096, 294.0), (2048, 265.0),
-                    (1024, 221.0), (512, 163.0))
+# Forward + backward TFLOP/s of causal attention at 16k / 8k / 4k / 2k / 1k / 512 tokens, head
+# dims 128 and 64, read from Dao 2023 (FlashAttention-2, arXiv:2307.08691) as the
+# flash-attention repository ships the figures (assets/flash2_a100_fwd_bwd_benchmark.png,
+# assets/flash2_h100_fwd_bwd_benchmark.png).  llm-foundry's "triton" kernel is Dao's
+# flash_attn_triton.py of 2022, whose docstring puts it "slightly slower" than the CUDA
+# FlashAttention of the time forward + backward (llm-foundry warns it "can be faster"): on
+# A100 its curve is FlashAttention-1's (Fig. 4d and 4c).  The figure's "FlashAttention Triton"
+# bars are another kernel, OpenAI's triton.ops.flash_attention (the repository's
+# benchmarks/benchmark_flash_attention.py imports it).  On H100 it is FlashAttention-2's (Fig.
+# 7d and 7c), chosen on the calibration runs (docs/step.md).
+_SEQ = (16384, 8192, 4096, 2048, 1024, 512)
+_FA1_A100_TFLOPS = {128: (83.0, 80.0, 76.0, 69.0, 62.0, 55.0),
+                    64: (97.0, 92.0, 87.0, 77.0, 70.0, 58.0)}
+_FA2_H100_TFLOPS = {128: (328.0, 308.0, 294.0, 265.0, 221.0, 163.0),
+                    64: (284.0, 273.0, 257.0, 232.0, 192.0, 141.0)}
 
 
-def _fraction(points: tuple[tuple[float, float], ...], peak_tflops: float
-              ) -> tuple[tuple[float, float], ...]:
-    return tuple((n, tflops / peak_tflops) for n, tflops in points)
+def _fraction(tflops: dict[int, tuple[float, ...]], peak_tflops: float
+              ) -> tuple[tuple[int, tuple[tuple[float, float], ...]], ...]:
+    return tuple((d, tuple((n, t / peak_tflops) for n, t in zip(_SEQ, tflops[d])))
+                 for d in sorted(tflops, reverse=True))
 
 
 _A100 = Efficiency(
     0.859, 0.70, 0.55, SUSTAINED_A100,
     f"GEMM plateau 267.9 / 312 TFLOP/s, {_MAMF}; FlashAttention-2 on A100, head dim 128: "
-    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6); the Triton kernel of 2022: "
-    "50-80 TFLOP/s forward + backward at 512-16k tokens (Dao 2023, Fig. 4d); sustained "
+    "forward ~70 %, backward ~55 % of peak (Dao 2023, Fig. 4-6); llm-foundry's Triton kernel "
+    "of 2022 at FlashAttention-1's speed: 55-83 TFLOP/s forward + backward at 512-16k tokens "
+    "with head dim 128, 58-97 with 64 (Dao 2023, Fig. 4d, 4c); sustained "
     "fraction fitted once to the ten runs of Narayanan et al. 2021, Table 1 (1.7B-1T GPT on "
     "32-3072 A100); overlap slowdown 18.9 % (Lee et al. 2025)",
-    triton_flash=_fraction(_TRITON_A100_TFLOPS, 312.0),
+    triton_flash=_fraction(_FA1_A100_TFLOPS, 312.0),
 )
 _H100 = Efficiency(
     0.801, 0.65, 0.45, SUSTAINED_H100,
@@ -140,7 +163,7 @@ _H100 = Efficiency(
     "sustained fraction = A100's x 0.80, the H100/A100 speed ratio measured on identical "
     "software (MosaicML llm-foundry benchmarks, 7 paired runs) over the modelled one; the "
     "Triton kernel of 2022 has no published H100 measurement: FlashAttention-2's H100 curve "
-    "(Dao 2023, Fig. 7), the fastest kernel on the Ampere instructions both use, chosen on "
+    "(Dao 2023, Fig. 7d, 7c), the fastest kernel on the Ampere instructions both use, chosen on "
     "the calibration runs over FlashAttention-1's (docs/step.md); overlap slowdown 18.9 % "
     "(Lee et al. 2025)",
     triton_flash=_fraction(_FA2_H100_TFLOPS, 989.0),
@@ -284,7 +307,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     if attention == "flash":
         eff = efficiency(gpu)
         peak = gpu.peak(gemm_dtype) * (eff.sustained if su is None else su)
-        frac_f, frac_b = eff.flash(flash_kernel, s)
+        frac_f, frac_b = eff.flash(flash_kernel, s, model.head_dim)
         # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
         core_f = PassCost(0.5 * attn_flops / (peak * frac_f), attn_flops)
         core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * frac_b),

@@ -203,7 +203,7 @@ MEGATRON_LM_2022_AMPERE = 0.836
 
 # No framework in particular: the mean of the calibrated profiles' fitted fractions on each
 # generation, to two places (Ampere: Megatron-LM 2021 0.804, Megatron-LM 2022 0.836, FSDP
-# 0.872; Hopper: Megatron-Core 0.746, FSDP 0.696); Volta and Blackwell have no calibration run
+# 0.871; Hopper: Megatron-Core 0.746, FSDP 0.696); Volta and Blackwell have no calibration run
 # and take their neighbour's.
 GENERIC_SUSTAINED = MappingProxyType({"volta": 0.84, "ampere": 0.84, "hopper": 0.72,
                                       "blackwell": 0.72})
@@ -213,7 +213,7 @@ _FSDP = SoftwareProfile(
     "unit per transformer block, backward prefetch, gradients reduce-scattered per unit, "
     "FlashAttention (llm-foundry's Triton kernel of 2022), non-reentrant activation "
     "checkpointing (recomputation stops early)",
-    MappingProxyType({"ampere": 0.872, "hopper": 0.696}), flash_kernel="triton-2022",
+    MappingProxyType({"ampere": 0.871, "hopper": 0.696}), flash_kernel="triton-2022",
     recompute_early_stop=True,
     source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
     "llm-foundry benchmarking README; scripts/train/benchmarking/submit_benchmarks.py "
