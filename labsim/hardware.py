@@ -51,6 +51,10 @@ class GPU:
     ``peak_flops`` maps a dtype key (see ``DTYPES``) to the dense peak in FLOP/s (OP/s for
     int8); a dtype the chip has no unit for is absent.  ``memory_bytes`` is HBM/GDDR capacity
     (decimal GB as the vendor states it), ``memory_bandwidth_Bps`` its bandwidth in bytes/s.
+    The devices report more than the stated figure (``nvidia-smi``: 81,559 MiB, 85.5e9 B, on an
+    H100 80GB; 81,920 MiB on an A100 80GB; PyTorch's ``total_memory`` 150.1e9 B on the course's
+    H200 record, a "141 GB" part); the stated figure leaves that margin to what a step's memory
+    model does not count (the CUDA context, NCCL buffers, allocator fragmentation).
     """
 
     name: str
