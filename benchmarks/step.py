@@ -352,6 +352,13 @@ def sweep(verbose: bool) -> None:
                 line(f"{gpu}, recompute {rec}", errors)
     line("all", [e for _, e, _ in rows])
     line("all but the calibration runs", [e for _, e, fitted in rows if not fitted])
+    print(f"\n{'by sequence length (tokens)':<34} {'runs':>4} {'median':>8} {'|median|':>8} "
+          f"{'<=10%':>7} {'<=20%':>7} {'max':>7}")
+    for gpu in ("A100-40GB", "A100-80GB", "H100-SXM"):
+        for lo, hi in ((512, 2048), (4096, 8192), (16384, 65536)):
+            errors = [e for r, e, _ in rows if r.gpu == gpu and lo <= r.model.seq_len <= hi]
+            if errors:
+                line(f"{gpu}, {lo}-{hi}", errors)
 
 
 def faster(n: int, seed: int) -> None:
