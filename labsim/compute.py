@@ -134,13 +134,13 @@ SUSTAINED_H100 = SUSTAINED_A100 * 0.80
 # benchmarks/benchmark_flash_attention.py imports it).  On H100 it is FlashAttention-2's (Fig.
 # 7d and 7c), chosen on the calibration runs (docs/step.md).
 _SEQ = (16384, 8192, 4096, 2048, 1024, 512)
-_FA1_A100_TFLOPS = {128: (83.0, 80.0, 76.0, 69.0, 62.0, 55.0),
-                    64: (97.0, 92.0, 87.0, 77.0, 70.0, 58.0)}
-_FA2_H100_TFLOPS = {128: (328.0, 308.0, 294.0, 265.0, 221.0, 163.0),
-                    64: (284.0, 273.0, 257.0, 232.0, 192.0, 141.0)}
+_FA1_A100_TFLOPS = MappingProxyType({128: (83.0, 80.0, 76.0, 69.0, 62.0, 55.0),
+                                     64: (97.0, 92.0, 87.0, 77.0, 70.0, 58.0)})
+_FA2_H100_TFLOPS = MappingProxyType({128: (328.0, 308.0, 294.0, 265.0, 221.0, 163.0),
+                                     64: (284.0, 273.0, 257.0, 232.0, 192.0, 141.0)})
 
 
-def _fraction(tflops: dict[int, tuple[float, ...]], peak_tflops: float
+def _fraction(tflops: Mapping[int, tuple[float, ...]], peak_tflops: float
               ) -> tuple[tuple[int, tuple[tuple[float, float], ...]], ...]:
     return tuple((d, tuple((n, t / peak_tflops) for n, t in zip(_SEQ, tflops[d])))
                  for d in sorted(tflops, reverse=True))
