@@ -387,10 +387,14 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
     chunks = plan.pp * v
-    per_layer = activation_per_layer(
-        model, micro_batch=plan.micro_batch, tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-        dtype_bytes=prec.activation_bytes, attention=plan.attention, swiglu_fused=swiglu_fused)
+    def layer_bytes(recompute: str) -> float:
+        return activation_per_layer(
+            model, micro_batch=plan.micro_batch, tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel, recompute=recompute,
+            dtype_bytes=prec.activation_bytes, attention=plan.attention,
+            swiglu_fused=swiglu_fused)
+
+    per_layer = layer_bytes(plan.recompute)
     split = plan.chunk_layers(model.layers)
     mine = split[0::plan.pp]  # the first stage's chunks, in its local order
     if len(set(mine)) == 1:
@@ -399,11 +403,7 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
         held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine)
     activations = per_layer * held
     if plan.recompute != "none":  # the recomputed layer's working set, one at a time
-        activations += activation_per_layer(
-            model, micro_batch=plan.micro_batch, tp=plan.tp,
-            sequence_parallel=plan.sequence_parallel, recompute="none",
-            dtype_bytes=prec.activation_bytes, attention=plan.attention,
-            swiglu_fused=swiglu_fused) - per_layer
+        activations += layer_bytes("none") - per_layer
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g])
                   for g in range(0, chunks, plan.pp)))
     states = training_memory(n, precision=prec, optimizer=plan.optimizer,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -63,6 +64,13 @@ def load_benchmark(name: str) -> object:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def solution_text(name: str) -> str:
+    """Every cell's source of ``solutions/<name>``, cells joined by newlines: what a test
+    checks a lab's prose against."""
+    nb = json.loads((ROOT / "solutions" / name).read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"])
 
 
 def make_notebook(cells: list[tuple[str, str] | tuple[str, str, dict]]) -> nbformat.NotebookNode:

@@ -13,7 +13,7 @@ import pytest
 
 from labsim.experiments import records
 
-from .conftest import ROOT
+from .conftest import ROOT, solution_text
 
 
 def test_the_recording_script_runs_on_a_cpu_and_says_what_it_skips(tmp_path) -> None:
@@ -145,24 +145,19 @@ def test_a_record_from_an_unknown_gpu_or_none_says_what_to_do(tmp_path, monkeypa
         records.recorded_int8()
 
 
-def _notebook_text(name: str) -> str:
-    nb = json.loads((ROOT / "solutions" / name).read_text())
-    return "\n".join("".join(c["source"]) for c in nb["cells"])
-
-
 def test_what_the_labs_say_of_the_record_is_what_the_record_holds() -> None:
     """Each figure a lab quotes from the H200 record, recomputed from the record: a new
     recording fails here until the labs' text is updated with it."""
     r00 = records.gpu_record("00_why_gpus").results
     mm = {(m["dtype"], m["n"]): m["flops_per_s"] for m in r00["matmul"]}
-    text00 = _notebook_text("00_why_gpus.ipynb")
+    text00 = solution_text("00_why_gpus.ipynb")
     assert f"**5.4× slower** ({mm['bf16', 4097] / 1e12:.0f}" in text00
     assert round(mm["bf16", 4096] / mm["bf16", 4097], 1) == 5.4
     assert f"8192³ in bf16 ran at {mm['bf16', 8192] / 1e12:.0f} of 989" in text00
     assert f"({r00['hbm']['bandwidth_Bps'] / 1e12:.2f} of 4.8 TB/s" in text00
 
     r02 = records.gpu_record("02_mixed_precision").results
-    text02 = _notebook_text("02_mixed_precision.ipynb")
+    text02 = solution_text("02_mixed_precision.ipynb")
     assert f"**{r02['speedup']:.1f}× faster**" in text02
     step = next(r for r in records.recorded_layers().rows if r[0].startswith("same step"))
     predicted_ms = float(step[2].removeprefix("step model ").removesuffix(" ms"))
@@ -172,29 +167,29 @@ def test_what_the_labs_say_of_the_record_is_what_the_record_holds() -> None:
 
     r03 = records.gpu_record("03_checkpointing").results
     ratio = r03["none"]["peak_bytes"] / r03["every layer"]["peak_bytes"]
-    assert f"cut the peak {ratio:.1f}×" in _notebook_text("03_checkpointing.ipynb")
+    assert f"cut the peak {ratio:.1f}×" in solution_text("03_checkpointing.ipynb")
 
     r04 = records.gpu_record("04_flash_attention").results
     t = {(row["n"], row["kernel"]): row["time_s"] for row in r04["forward_backward"]}
-    text04 = _notebook_text("04_flash_attention.ipynb")
+    text04 = solution_text("04_flash_attention.ipynb")
     flash = t[8192, "naive"] / t[8192, "flash"]
     assert f"FlashAttention-2 (SDPA's \"flash\") {flash:.1f}×" in text04
     assert f"cuDNN's kernel is {t[8192, 'naive'] / t[8192, 'cudnn']:.1f}×" in text04
 
     r05 = records.gpu_record("05_kernel_fusion").results["chain"]
     small, large = r05[0], r05[-1]
-    text05 = _notebook_text("05_kernel_fusion.ipynb")
+    text05 = solution_text("05_kernel_fusion.ipynb")
     graphs = small["eager_queued_s"] / small["graph_replay_queued_s"]
     assert f"**{graphs:.1f}× faster**" in text05
     assert f"**{large['eager_queued_s'] / large['compile_queued_s']:.1f}×**" in text05
 
     r06 = records.gpu_record("06_data_loading").results
     assert (f"pinned copy ran at {r06['pinned']['bandwidth_Bps'] / 1e9:.0f} GB/s"
-            in _notebook_text("06_data_loading.ipynb"))
+            in solution_text("06_data_loading.ipynb"))
 
     r12 = records.gpu_record("12_int8_quantization").results["int_mm"]
     slow = sorted(1 / row["speedup"] for row in r12)
-    assert f"**{slow[0]:.1f}–{slow[-1]:.1f}× slower**" in _notebook_text(
+    assert f"**{slow[0]:.1f}–{slow[-1]:.1f}× slower**" in solution_text(
         "12_int8_quantization.ipynb")
 
     demos = records.gpu_record("08_data_parallel").results["demos"].values()

@@ -5,14 +5,13 @@ run worse fails here.  The collective constants are fitted on the curves of role
 "calibration" only, the software profiles' sustained fractions on the runs of role
 "calibration" only (``benchmarks/collectives.py --fit``, ``benchmarks/step.py --fit``)."""
 
-import json
 import statistics
 
 import pytest
 
 from labsim.published import SYSTEMS, nccl_tests, predict_curve, runs, sweep_runs
 
-from .conftest import ROOT, load_benchmark
+from .conftest import load_benchmark, solution_text
 
 # curve id -> (median |error|, max |error|) reached, in percent of time (= of busbw)
 CURVE_BOUNDS = {
@@ -135,8 +134,7 @@ LAST_THIRTEEN = ("xxrjun_", "dgxc_h100_1node_allreduce", "guide_h100_1node_g8",
 def test_what_lab_07_says_of_the_published_curves_is_what_they_give():
     """Lab 07 quotes the set's size and the model's agreement with it: a curve added, or a
     constant refitted, fails here until the lab's text follows."""
-    nb = json.loads((ROOT / "solutions" / "07_collectives.ipynb").read_text())
-    text = "\n".join("".join(c["source"]) for c in nb["cells"]).replace("\n", " ")
+    text = solution_text("07_collectives.ipynb").replace("\n", " ")
     curves = nccl_tests()
     err = {c.id: [abs(m / p - 1) for _, m, p, _ in predict_curve(c)] for c in curves}
     every = [e for c in curves for e in err[c.id]]
