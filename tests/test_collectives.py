@@ -20,8 +20,16 @@ from labsim.collectives import (
     strided_group,
 )
 from labsim.collectives.group import topology
-from labsim.collectives.nccl import _topology_of
-from labsim.collectives.tuner import ALGOS, PROTOS, latency_bandwidth, parse_choice, select
+from labsim.collectives.nccl import _plan_cached, _topology_of, clear_cache
+from labsim.collectives.tuner import (
+    ALGOS,
+    PROTOS,
+    estimate_us,
+    latency_bandwidth,
+    parse_choice,
+    select,
+    tables,
+)
 from labsim.hardware import Link, link
 from labsim.published import SYSTEMS, nccl_tests
 from labsim.sim.collectives import simulate_collective
@@ -169,6 +177,26 @@ def test_selection_by_size_like_nccl_and_overrides_like_nccl_algo():
         plan_collective("allreduce", 2**26, group_of(dgx_h100(4)), "collnet_chain")
     sharp = Cluster("H100-SXM", 4, 8, "nvlink4", "ib-ndr", in_network_reduction=True)
     assert plan_collective("allreduce", 2**30, group_of(sharp), "collnet_chain").nic_load > 0
+
+
+def test_the_tuner_keeps_a_communicators_tables_and_forgets_them_on_request():
+    """``select`` reads NCCL's (latency, bandwidth) of every pair from one table per
+    (collective, communicator), the numbers ``latency_bandwidth`` gives; ``clear_cache``
+    leaves every cache empty, as a fresh process has them (``--speed``'s first calls)."""
+    topo = topology(group_of(dgx_a100(2)))
+    table = tables("allreduce", topo)
+    assert table is tables("allreduce", topo)
+    assert dict(table) == {(a, p): latency_bandwidth("allreduce", a, p, topo)
+                           for a in ALGOS for p in PROTOS}
+    for size in (1024, 2**20, 2**30):  # the choice is the one a fresh estimate makes
+        best = min((estimate_us("allreduce", size, a, p, topo), i, j)
+                   for i, a in enumerate(ALGOS) for j, p in enumerate(PROTOS)
+                   if estimate_us("allreduce", size, a, p, topo) >= 0)
+        assert select("allreduce", size, topo)[:2] == (ALGOS[best[1]], PROTOS[best[2]])
+    plan_collective("allreduce", 2**20, group_of(dgx_a100(2)))
+    clear_cache()
+    assert tables.cache_info().currsize == 0 and _topology_of.cache_info().currsize == 0
+    assert _plan_cached.cache_info().currsize == 0
 
 
 def test_strided_groups_equal_listed_groups():

@@ -54,6 +54,7 @@ from labsim.collectives.tuner import (
     log2i,
     parse_choice,
     select,
+    tables,
 )
 
 NCCL_OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
@@ -230,6 +231,14 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
 
 
 _plan_cached = lru_cache(maxsize=65536)(_plan)
+
+
+def clear_cache() -> None:
+    """Forget every answer ``plan_collective`` and NCCL's tuner keep, as a fresh process
+    would (the benchmarks time a planner's first calls with it)."""
+    _plan_cached.cache_clear()
+    _topology_of.cache_clear()
+    tables.cache_clear()
 
 
 def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: str,

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOS = ("LL", "LL128", "Simple")
@@ -264,18 +266,28 @@ def parse_choice(value: str, names: tuple[str, ...], what: str) -> frozenset[str
     return frozenset(names) - chosen if exclude else frozenset(chosen)
 
 
+@lru_cache(maxsize=4096)
+def tables(func: str, topo: Topology) -> Mapping[tuple[str, str], tuple[float, float]]:
+    """(latency, bandwidth) of every (algorithm, protocol) for ``func`` on ``topo``: what
+    ``select`` compares, the same for every size (NCCL computes them once per communicator,
+    ``ncclTopoTuneModel``)."""
+    return MappingProxyType({(a, p): latency_bandwidth(func, a, p, topo)
+                             for a in ALGOS for p in PROTOS})
+
+
 def select(func: str, nbytes: float, topo: Topology, algorithms: frozenset[str] = frozenset(
         ALGOS), protocols: frozenset[str] = frozenset(PROTOS)) -> tuple[str, str, float]:
     """NCCL's pick for one call: the (algorithm, protocol, estimate in us) of least estimate
     among the enabled ones, ties to the lower index (``topoGetAlgoInfo``)."""
     best: tuple[str, str, float] | None = None
+    table = tables(func, topo)
     for algo in ALGOS:
         if algo not in algorithms:
             continue
         for proto in PROTOS:
             if proto not in protocols:
                 continue
-            t = estimate_us(func, nbytes, algo, proto, topo)
+            t = estimate_us(func, nbytes, algo, proto, topo, table)
             if t >= 0 and (best is None or t < best[2]):
                 best = (algo, proto, t)
     if best is None:
