@@ -1475,6 +1475,21 @@ def test_llama3_405b_first_stage_memory_is_what_docs_say():
     assert mem.activations / 1e9 == pytest.approx(71.9, abs=0.05)
 
 
+def test_llama3_405b_memory_under_the_readings_docs_weigh():
+    """docs/step.md section 3 (``benchmarks/step.py --variants``): a fused SwiGLU would make
+    both layouts fit (78.6 / 78.3 GB); each chunk's fp32 gradient alive only from its first
+    backward to its last fits the 16K-GPU layout (one round of backwards per chunk, 80.0 GB)
+    and not the 8K one (two rounds keep all eight alive, 91.0 GB)."""
+    bench = load_benchmark("step")
+    generic = PROFILES["generic"]
+    for run_id, fused, walked in ((MEMORY_MISSES[0], 78.6, 91.0), (MEMORY_MISSES[1], 78.3, 80.0)):
+        run = next(r for r in runs() if r.id == run_id)
+        plan = replace(run.plan, software=replace(generic, swiglu_fused=True))
+        assert estimate_step(run.model, run.cluster, plan).memory.total / 1e9 == \
+            pytest.approx(fused, abs=0.05)
+        assert bench._gradient_lifetimes_gb(run, generic) == pytest.approx(walked, abs=0.05)
+
+
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="docs/step.md section 3: DeepSpeed 0.3.16 held some "
                    "6.8 GB or more at 529.6B that the model does not count")
