@@ -453,43 +453,39 @@ def zero3_variants() -> None:
 def _gradient_lifetimes_gb(run, prof) -> float:
     """The first stage's peak (GB) if each chunk's fp32 gradient lived only from the chunk's
     first backward to its last (reduce-scattered then into a sharded accumulator), walking
-    the stage's schedule op by op; everything else as ``step_memory`` counts it."""
-    from labsim.memory import activation_per_layer, stage_params, step_memory
+    the stage's schedule op by op; everything else as ``step_memory`` counts it (a run
+    without recomputation: its activations are then a layer's times the layers held)."""
+    from labsim.memory import stage_params, step_memory
     from labsim.pipeline import in_flight_peak, make_schedule
-    from labsim.precision import training_precision
 
     model, plan = run.model, run.plan
+    if plan.recompute != "none":
+        raise ValueError(f"{run.id}: recompute={plan.recompute!r}; the walk counts a run "
+                         "without recomputation")
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    prec = training_precision(plan.numerics)
     whole = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v),
                         swiglu_fused=prof.swiglu_fused)
     split = plan.chunk_layers(model.layers)
     layers = split[0::p]  # stage 0's chunks, in local order
-    grad = [prec.grad_bytes * stage_params(model, tp=plan.tp, pp=p * v, stage=g,
-                                           layers=split[g]) for g in range(0, p * v, p)]
-    per_layer = activation_per_layer(
-        model, micro_batch=plan.micro_batch, tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-        dtype_bytes=prec.activation_bytes, attention=plan.attention,
-        swiglu_fused=prof.swiglu_fused)
+    per_layer = whole.activations / in_flight_peak(plan.schedule, p, m, v, layers)
+    params = [stage_params(model, tp=plan.tp, pp=p * v, stage=g, layers=split[g])
+              for g in range(0, p * v, p)]
+    grad = [whole.grads * n / sum(params) for n in params]  # each chunk's share
     ops = make_schedule(plan.schedule, p, m, v)[0]
-    last = {local: i for i, (kind, _, local) in enumerate(ops) if kind == "B"}
+    backwards = [(local, i) for i, (kind, _, local) in enumerate(ops) if kind == "B"]
+    first, last = dict(reversed(backwards)), dict(backwards)  # each chunk's op index
     held = alive = peak = 0.0
-    started: set[int] = set()
     for i, (kind, _, local) in enumerate(ops):
         if kind == "F":
             held += layers[local] * per_layer
-        else:
-            if local not in started:
-                started.add(local)
-                alive += grad[local]
-            peak = max(peak, held + alive)
+        elif first[local] == i:
+            alive += grad[local]
+        peak = max(peak, held + alive)
+        if kind == "B":
             held -= layers[local] * per_layer
             if last[local] == i:
                 alive -= grad[local]
-        peak = max(peak, held + alive)
-    sharded = whole.grads / plan.dp
-    return (whole.params + sharded + whole.optimizer + peak) / 1e9
+    return (whole.params + whole.grads / plan.dp + whole.optimizer + peak) / 1e9
 
 
 def llama3_variants() -> None:
@@ -515,10 +511,10 @@ def llama3_variants() -> None:
             out.append((res.memory.total / 1e9, res.step_time_s / r.measured_step_s() - 1))
         return out
 
-    row("kept (SwiGLU's four f-wide tensors, whole fp32 gradient)", cells(generic))
+    kept = cells(generic)
+    row("kept (SwiGLU's four f-wide tensors, whole fp32 gradient)", kept)
     row("fused SwiGLU (three f-wide tensors)", cells(replace(generic, swiglu_fused=True)))
     row("gradients reduce-scattered every micro-batch (ZeRO-2)", cells(generic, True))
-    kept = cells(generic)
     row("each chunk's gradient from its first backward to its last",
         [(_gradient_lifetimes_gb(r, generic), e) for r, (_, e) in zip(members, kept)])
 
