@@ -28,6 +28,7 @@ from labsim.collectives.tuner import (
     latency_bandwidth,
     parse_choice,
     select,
+    supported_pairs,
     tables,
 )
 from labsim.hardware import Link, link
@@ -181,22 +182,41 @@ def test_selection_by_size_like_nccl_and_overrides_like_nccl_algo():
 
 def test_the_tuner_keeps_a_communicators_tables_and_forgets_them_on_request():
     """``select`` reads NCCL's (latency, bandwidth) of every pair from one table per
-    (collective, communicator), the numbers ``latency_bandwidth`` gives; ``clear_cache``
-    leaves every cache empty, as a fresh process has them (``--speed``'s first calls)."""
+    (collective, communicator), the numbers ``latency_bandwidth`` gives, and runs through the
+    pairs with a bandwidth only (``supported_pairs``); its pick and estimate are a fresh
+    ``estimate_us``'s minimum, ties to the lower index, under any NCCL_ALGO / NCCL_PROTO
+    restriction; ``clear_cache`` leaves every cache empty, as a fresh process has them
+    (``--speed``'s first calls)."""
     topo = topology(group_of(dgx_a100(2)))
     table = tables("allreduce", topo)
     assert table is tables("allreduce", topo)
     assert dict(table) == {(a, p): latency_bandwidth("allreduce", a, p, topo)
                            for a in ALGOS for p in PROTOS}
-    for size in (1024, 2**20, 2**30):  # the choice is the one a fresh estimate makes
-        best = min((estimate_us("allreduce", size, a, p, topo), i, j)
-                   for i, a in enumerate(ALGOS) for j, p in enumerate(PROTOS)
-                   if estimate_us("allreduce", size, a, p, topo) >= 0)
-        assert select("allreduce", size, topo)[:2] == (ALGOS[best[1]], PROTOS[best[2]])
+    assert supported_pairs("allreduce", topo) == tuple(
+        (a, p, *table[a, p]) for a in ALGOS for p in PROTOS if table[a, p][1] > 0)
+    restrictions = [(frozenset(ALGOS), frozenset(PROTOS)), (frozenset({"ring"}),
+                    frozenset(PROTOS)), (frozenset(ALGOS), frozenset({"LL128", "Simple"})),
+                    (frozenset({"tree", "nvls"}), frozenset({"Simple"}))]
+    for cluster in (dgx_a100(2), dgx_h100(1), dgx_h100(4), pcie_box(2, nics_per_node=2)):
+        topo = topology(group_of(cluster))
+        for func in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
+            for algos, protos in restrictions:
+                for size in (64, 1024, 100_000, 2**20, 3 * 2**24, 2**30, 8 * 2**30):
+                    fresh = [(estimate_us(func, size, a, p, topo), i, j)
+                             for i, a in enumerate(ALGOS) for j, p in enumerate(PROTOS)
+                             if a in algos and p in protos]
+                    fresh = [x for x in fresh if x[0] >= 0]
+                    if not fresh:
+                        with pytest.raises(ValueError, match="no algorithm/protocol"):
+                            select(func, size, topo, algos, protos)
+                        continue
+                    t, i, j = min(fresh)
+                    assert select(func, size, topo, algos, protos) == (ALGOS[i], PROTOS[j], t)
     plan_collective("allreduce", 2**20, group_of(dgx_a100(2)))
     clear_cache()
     assert tables.cache_info().currsize == 0 and _topology_of.cache_info().currsize == 0
     assert _plan_cached.cache_info().currsize == 0
+    assert supported_pairs.cache_info().currsize == 0
 
 
 def test_strided_groups_equal_listed_groups():

@@ -54,6 +54,7 @@ from labsim.collectives.tuner import (
     log2i,
     parse_choice,
     select,
+    supported_pairs,
     tables,
 )
 
@@ -209,7 +210,7 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
     algos = parse_choice(algorithm, ALGOS, "algo")
     protos = parse_choice(protocol, PROTOS, "proto")
     algo, proto, estimate = select(func, nbytes, topo, algos, protos)
-    lat_us, algbw = latency_bandwidth(func, algo, proto, topo)
+    lat_us, algbw = tables(func, topo)[algo, proto]
     nc, _ = channels_threads(algo, proto, nbytes, topo)
     if algo.startswith("nvls"):  # a fixed set of NVLS channels, whatever the size
         channels_bw = algbw
@@ -239,6 +240,7 @@ def clear_cache() -> None:
     _plan_cached.cache_clear()
     _topology_of.cache_clear()
     tables.cache_clear()
+    supported_pairs.cache_clear()
 
 
 def _loads(func: str, algo: str, nbytes: float, group: Group, nc: int, proto: str,

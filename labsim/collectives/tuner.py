@@ -230,7 +230,13 @@ def estimate_us(func: str, nbytes: float, algo: str, proto: str, topo: Topology,
     lat, bw = (table or {}).get((algo, proto)) or latency_bandwidth(func, algo, proto, topo)
     if bw == 0:
         return -1.0
-    log_size = log2i(int(nbytes) >> 6)
+    return _estimate(func, nbytes, algo, proto, topo, lat, bw, log2i(int(nbytes) >> 6))
+
+
+def _estimate(func: str, nbytes: float, algo: str, proto: str, topo: Topology, lat: float,
+              bw: float, log_size: int) -> float:
+    """``estimate_us`` of a supported pair from its table entry (``log_size``: log2i of the
+    size in 64-byte units, the tree correction's index)."""
     if algo == "tree" and func == "allreduce" and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[proto][log_size]
     if (algo == "ring" and proto == "Simple" and topo.nnodes > 1 and func == "allreduce"
@@ -275,21 +281,25 @@ def tables(func: str, topo: Topology) -> Mapping[tuple[str, str], tuple[float, f
                              for a in ALGOS for p in PROTOS})
 
 
+@lru_cache(maxsize=4096)
+def supported_pairs(func: str, topo: Topology) -> tuple[tuple[str, str, float, float], ...]:
+    """(algorithm, protocol, latency, bandwidth) of the pairs ``tables`` gives a bandwidth,
+    in NCCL's order (algorithm, then protocol): the candidates ``select`` runs through."""
+    return tuple((a, p, lat, bw) for (a, p), (lat, bw) in tables(func, topo).items() if bw)
+
+
 def select(func: str, nbytes: float, topo: Topology, algorithms: frozenset[str] = frozenset(
         ALGOS), protocols: frozenset[str] = frozenset(PROTOS)) -> tuple[str, str, float]:
     """NCCL's pick for one call: the (algorithm, protocol, estimate in us) of least estimate
     among the enabled ones, ties to the lower index (``topoGetAlgoInfo``)."""
     best: tuple[str, str, float] | None = None
-    table = tables(func, topo)
-    for algo in ALGOS:
-        if algo not in algorithms:
+    log_size = log2i(int(nbytes) >> 6)
+    for algo, proto, lat, bw in supported_pairs(func, topo):
+        if algo not in algorithms or proto not in protocols:
             continue
-        for proto in PROTOS:
-            if proto not in protocols:
-                continue
-            t = estimate_us(func, nbytes, algo, proto, topo, table)
-            if t >= 0 and (best is None or t < best[2]):
-                best = (algo, proto, t)
+        t = _estimate(func, nbytes, algo, proto, topo, lat, bw, log_size)
+        if best is None or t < best[2]:
+            best = (algo, proto, t)
     if best is None:
         raise ValueError(
             f"no algorithm/protocol available for {func} on {topo.nranks} ranks among "
