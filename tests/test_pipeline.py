@@ -97,6 +97,54 @@ def test_stages_run_warm_up_steady_state_and_cool_down(p, m, v):
     assert all(type(ops) is tuple and all(type(op) is Op for op in ops) for ops in schedule)
 
 
+def _torch_interleaved_order(p, m, v):
+    """Each rank's (kind, micro-batch, local chunk) as torch.distributed.pipelining's
+    ``ScheduleInterleaved1F1B`` plans them (its rounds of p micro-batches, Megatron-LM's order,
+    relaxed to m not a multiple of p); None where this torch does not have that planner."""
+    from types import SimpleNamespace
+
+    try:
+        from torch.distributed.pipelining.schedules import (
+            ScheduleInterleaved1F1B,
+            _ComputationType,
+        )
+
+        plan_rank = ScheduleInterleaved1F1B._calculate_single_rank_operations
+        forward = _ComputationType.FORWARD
+    except (ImportError, AttributeError):
+        return None
+    rounds = max(1, m // p)
+    plan = SimpleNamespace(n_local_stages=v, microbatches_per_round=m // rounds,
+                           pp_group_size=p, _n_microbatches=m)
+    return [tuple(("F" if a.computation_type == forward else "B", a.microbatch_index,
+                   a.stage_index // p) for a in plan_rank(plan, rank) if a is not None)
+            for rank in range(p)]
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (3, 9, 3), (8, 16, 2),
+                                     (16, 32, 8), (2, 2, 2), (4, 4, 4), (16, 16, 8)])
+def test_interleaved_order_is_pytorchs_past_one_round(p, m, v):
+    """With more than p micro-batches every stage runs PyTorch's interleaved order op for op
+    (Llama 3 405B's 16 stages of v = 8 at 32 micro-batches among them).  With exactly p,
+    Megatron-LM runs every forward first on every stage (``num_microbatches ==
+    pipeline_parallel_size``), PyTorch only on the stages whose warm-up takes them all: the
+    first stage (which holds the peak activations) runs the same ops, a later one starts its
+    backwards sooner."""
+    torch_order = _torch_interleaved_order(p, m, v)
+    if torch_order is None:
+        pytest.skip("this torch has no ScheduleInterleaved1F1B planner to compare with")
+    ours = [tuple((op.kind, op.microbatch, op.chunk) for op in ops)
+            for ops in make_schedule("interleaved", p, m, v)]
+    if m > p:
+        assert ours == torch_order
+        return
+    assert ours[0] == torch_order[0]
+    last = ours[p - 1]
+    assert last.index(("B", 0, v - 1)) == m * v  # every forward first
+    assert torch_order[p - 1].index(("B", 0, v - 1)) < m * v
+    assert sorted(torch_order[p - 1]) == sorted(last)
+
+
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 8), (1, 5)])
 def test_in_flight_micro_batches(p, m):
     assert max_in_flight(one_f_one_b(p, m)[0]) == min(p, m)
