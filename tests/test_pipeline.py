@@ -100,7 +100,7 @@ def test_stages_run_warm_up_steady_state_and_cool_down(p, m, v):
 def _torch_interleaved_order(p, m, v):
     """Each rank's (kind, micro-batch, local chunk) as torch.distributed.pipelining's
     ``ScheduleInterleaved1F1B`` plans them (its rounds of p micro-batches, Megatron-LM's order,
-    relaxed to m not a multiple of p); None where this torch does not have that planner."""
+    relaxed to m not a multiple of p); None where this torch does not plan them that way."""
     from types import SimpleNamespace
 
     try:
@@ -116,9 +116,12 @@ def _torch_interleaved_order(p, m, v):
     rounds = max(1, m // p)
     plan = SimpleNamespace(n_local_stages=v, microbatches_per_round=m // rounds,
                            pp_group_size=p, _n_microbatches=m)
-    return [tuple(("F" if a.computation_type == forward else "B", a.microbatch_index,
-                   a.stage_index // p) for a in plan_rank(plan, rank) if a is not None)
-            for rank in range(p)]
+    try:  # torch 2.13's planner reads these four attributes; another may not
+        return [tuple(("F" if a.computation_type == forward else "B", a.microbatch_index,
+                       a.stage_index // p) for a in plan_rank(plan, rank) if a is not None)
+                for rank in range(p)]
+    except (AttributeError, TypeError):
+        return None
 
 
 @pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (3, 9, 3), (8, 16, 2),
@@ -132,7 +135,7 @@ def test_interleaved_order_is_pytorchs_past_one_round(p, m, v):
     backwards sooner."""
     torch_order = _torch_interleaved_order(p, m, v)
     if torch_order is None:
-        pytest.skip("this torch has no ScheduleInterleaved1F1B planner to compare with")
+        pytest.skip("this torch has no ScheduleInterleaved1F1B planner of this shape")
     ours = [tuple((op.kind, op.microbatch, op.chunk) for op in ops)
             for ops in make_schedule("interleaved", p, m, v)]
     if m > p:
