@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -48,9 +48,9 @@ from labsim.collectives.tuner import (
     ALGOS,
     PROTOS,
     Topology,
+    bandwidth,
     channels_threads,
     estimate_us,
-    latency_bandwidth,
     log2i,
     parse_choice,
     select,
@@ -210,14 +210,14 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
     algos = parse_choice(algorithm, ALGOS, "algo")
     protos = parse_choice(protocol, PROTOS, "proto")
     algo, proto, estimate = select(func, nbytes, topo, algos, protos)
-    lat_us, algbw = tables(func, topo)[algo, proto]
+    lat_us, algbw = next((lat, bw) for a, p, lat, bw in supported_pairs(func, topo)
+                         if a == algo and p == proto)
     nc, _ = channels_threads(algo, proto, nbytes, topo)
     if algo.startswith("nvls"):  # a fixed set of NVLS channels, whatever the size
         channels_bw = algbw
     else:  # the call's own channels, each at a channel's rate (LL's ceiling caps the sum)
         rate = physics.channel_rate_GBps(proto, topo)
-        channels_bw = latency_bandwidth(func, algo, proto, replace(
-            topo, ring_channels=nc, bw_intra=rate, bw_inter=rate), ll_cap=False)[1]
+        channels_bw = bandwidth(func, algo, proto, topo, nc, rate, rate, ll_cap=False)
     intra, nic, depth, piece = _loads(func, algo, nbytes, group, nc, proto, physics)
     data = PROTOCOL_DATA[proto]
     channels_bw = min(channels_bw, _net_channels_GBps(group, nc, nic * group.nics / data))

@@ -156,7 +156,18 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology,
     themselves carry."""
     if not supported(func, algo, proto, topo):
         return 0.0, 0.0
-    a, k, p = topo.arch_index, topo.node_index, PROTOS.index(proto)
+    return (_latency(func, algo, PROTOS.index(proto), topo, _nsteps(func, topo.nranks)),
+            bandwidth(func, algo, proto, topo, topo.ring_channels, topo.bw_intra,
+                      topo.bw_inter, ll_cap))
+
+
+def bandwidth(func: str, algo: str, proto: str, topo: Topology, channels: int,
+              intra_GBps: float, inter_GBps: float, ll_cap: bool = True) -> float:
+    """``latency_bandwidth``'s bandwidth of a supported pair, its search graph read as
+    ``channels`` channels of ``intra_GBps`` inside a node and ``inter_GBps`` across nodes
+    (NVLS and NVLS-Tree read the NVLS graph of ``topo`` instead): with the communicator's
+    graph, NCCL's table; with a call's own channels at a channel's rate, what those carry."""
+    a, k = topo.arch_index, topo.node_index
     n, nn, ppn = topo.nranks, topo.nnodes, topo.ppn
     nsteps = _nsteps(func, n)
     collnet = algo.startswith("collnet")
@@ -170,8 +181,8 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology,
             caps.append(NVLS_TREE_BW[a][k])
         bus = nch * min(caps)
     else:
-        nch = topo.ring_channels
-        bus = nch * (topo.bw_intra if nn <= 2 or collnet else topo.bw_inter)
+        nch = channels
+        bus = nch * (intra_GBps if nn <= 2 or collnet else inter_GBps)
     ll_max = LL_MAX_BW[a][k] if ll_cap else math.inf
     if algo == "ring" and proto == "LL":
         bus = min(ll_max, bus * .5)
@@ -194,7 +205,7 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology,
         bus *= n / nsteps
     elif not (func in ("allgather", "reduce_scatter") and algo != "ring"):
         bus *= .5
-    return _latency(func, algo, p, topo, nsteps), bus
+    return bus
 
 
 def _latency(func: str, algo: str, p: int, topo: Topology, nsteps: int) -> float:
@@ -285,7 +296,9 @@ def tables(func: str, topo: Topology) -> Mapping[tuple[str, str], tuple[float, f
 def supported_pairs(func: str, topo: Topology) -> tuple[tuple[str, str, float, float], ...]:
     """(algorithm, protocol, latency, bandwidth) of the pairs ``tables`` gives a bandwidth,
     in NCCL's order (algorithm, then protocol): the candidates ``select`` runs through."""
-    return tuple((a, p, lat, bw) for (a, p), (lat, bw) in tables(func, topo).items() if bw)
+    pairs = ((a, p, *latency_bandwidth(func, a, p, topo)) for a in ALGOS for p in PROTOS
+             if supported(func, a, p, topo))
+    return tuple(pair for pair in pairs if pair[3])
 
 
 def select(func: str, nbytes: float, topo: Topology, algorithms: frozenset[str] = frozenset(
