@@ -24,7 +24,7 @@ from labsim.collectives.nccl import _plan_cached, _topology_of, clear_cache
 from labsim.collectives.tuner import (
     ALGOS,
     PROTOS,
-    bandwidth,
+    bandwidth_GBps,
     estimate_us,
     latency_bandwidth,
     parse_choice,
@@ -196,9 +196,9 @@ def test_the_tuner_keeps_a_communicators_tables_and_forgets_them_on_request():
     assert supported_pairs("allreduce", topo) == tuple(
         (a, p, *table[a, p]) for a in ALGOS for p in PROTOS if table[a, p][1] > 0)
     for a, p, _, bw in supported_pairs("allreduce", topo):  # a call's own channels, priced
-        assert bandwidth("allreduce", a, p, topo, topo.ring_channels, topo.bw_intra,
-                         topo.bw_inter) == bw
-        assert bandwidth("allreduce", a, p, topo, 3, 7.5, 7.5, ll_cap=False) == \
+        assert bandwidth_GBps("allreduce", a, p, topo, topo.ring_channels, topo.bw_intra,
+                              topo.bw_inter) == bw
+        assert bandwidth_GBps("allreduce", a, p, topo, 3, 7.5, 7.5, ll_cap=False) == \
             latency_bandwidth("allreduce", a, p, replace(topo, ring_channels=3, bw_intra=7.5,
                                                          bw_inter=7.5), ll_cap=False)[1]
     restrictions = [(frozenset(ALGOS), frozenset(PROTOS)), (frozenset({"ring"}),

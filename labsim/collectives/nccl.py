@@ -48,7 +48,7 @@ from labsim.collectives.tuner import (
     ALGOS,
     PROTOS,
     Topology,
-    bandwidth,
+    bandwidth_GBps,
     channels_threads,
     estimate_us,
     log2i,
@@ -217,7 +217,7 @@ def _plan(op: str, nbytes: float, group: Group, algorithm: str, protocol: str,
         channels_bw = algbw
     else:  # the call's own channels, each at a channel's rate (LL's ceiling caps the sum)
         rate = physics.channel_rate_GBps(proto, topo)
-        channels_bw = bandwidth(func, algo, proto, topo, nc, rate, rate, ll_cap=False)
+        channels_bw = bandwidth_GBps(func, algo, proto, topo, nc, rate, rate, ll_cap=False)
     intra, nic, depth, piece = _loads(func, algo, nbytes, group, nc, proto, physics)
     data = PROTOCOL_DATA[proto]
     channels_bw = min(channels_bw, _net_channels_GBps(group, nc, nic * group.nics / data))

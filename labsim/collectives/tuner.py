@@ -157,12 +157,12 @@ def latency_bandwidth(func: str, algo: str, proto: str, topo: Topology,
     if not supported(func, algo, proto, topo):
         return 0.0, 0.0
     return (_latency(func, algo, PROTOS.index(proto), topo, _nsteps(func, topo.nranks)),
-            bandwidth(func, algo, proto, topo, topo.ring_channels, topo.bw_intra,
-                      topo.bw_inter, ll_cap))
+            bandwidth_GBps(func, algo, proto, topo, topo.ring_channels, topo.bw_intra,
+                           topo.bw_inter, ll_cap))
 
 
-def bandwidth(func: str, algo: str, proto: str, topo: Topology, channels: int,
-              intra_GBps: float, inter_GBps: float, ll_cap: bool = True) -> float:
+def bandwidth_GBps(func: str, algo: str, proto: str, topo: Topology, channels: int,
+                   intra_GBps: float, inter_GBps: float, ll_cap: bool = True) -> float:
     """``latency_bandwidth``'s bandwidth of a supported pair, its search graph read as
     ``channels`` channels of ``intra_GBps`` inside a node and ``inter_GBps`` across nodes
     (NVLS and NVLS-Tree read the NVLS graph of ``topo`` instead): with the communicator's
