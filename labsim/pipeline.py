@@ -107,7 +107,9 @@ def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
     def backward_op(k: int) -> Op:  # backwards visit the chunks in reverse order
         return Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
-    # Megatron-LM: with m == p every forward goes first (no steady state)
+    # Megatron-LM: with m == p every forward goes first (no steady state); Megatron-Core's
+    # tunable schedule (November 2024, ``microbatch_group_size_per_vp_stage``) and PyTorch's
+    # ScheduleInterleaved1F1B dropped that case, so their later stages start 1F1B sooner
     warmups = [total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
                for s in range(p)]
     return _warmup_steady_cooldown(p, [forward_op(k) for k in range(total)],
@@ -352,8 +354,9 @@ def in_flight_peak(name: str, p: int, m: int, v: int = 1,
                    weights: Sequence[float] | None = None) -> float:
     """``max_in_flight`` of stage 0 of ``make_schedule(name, p, m, v)`` without building it:
     GPipe holds all m; 1F1B min(p, m); interleaved 1F1B its warm-up plus one (all m v when
-    m == p, Megatron-LM's rule).  With ``weights`` (one per local chunk of stage 0) the peak
-    of their sum, stage 0's interleaved order walked without building its ops."""
+    m == p, Megatron-LM's rule: stage 0 holds the same under Megatron-Core's and PyTorch's).
+    With ``weights`` (one per local chunk of stage 0) the peak of their sum, stage 0's
+    interleaved order walked without building its ops."""
     _check(p, m, v)
     if weights is not None and (name != "interleaved" or len(set(weights)) == 1):
         return weights[0] * in_flight_peak(name, p, m, v)  # one weight counts

@@ -130,9 +130,9 @@ def test_interleaved_order_is_pytorchs_past_one_round(p, m, v):
     """With more than p micro-batches every stage runs PyTorch's interleaved order op for op
     (Llama 3 405B's 16 stages of v = 8 at 32 micro-batches among them).  With exactly p,
     Megatron-LM runs every forward first on every stage (``num_microbatches ==
-    pipeline_parallel_size``), PyTorch only on the stages whose warm-up takes them all: the
-    first stage (which holds the peak activations) runs the same ops, a later one starts its
-    backwards sooner."""
+    pipeline_parallel_size``, until Megatron-Core's tunable schedule of November 2024 dropped
+    the case), PyTorch only on the stages whose warm-up takes them all: the first stage (which
+    holds the peak activations) runs the same ops, a later one starts its backwards sooner."""
     torch_order = _torch_interleaved_order(p, m, v)
     if torch_order is None:
         pytest.skip("this torch has no ScheduleInterleaved1F1B planner of this shape")
