@@ -30,7 +30,6 @@ from labsim.collectives.tuner import (
     parse_choice,
     select,
     supported_pairs,
-    tables,
 )
 from labsim.hardware import Link, link
 from labsim.published import SYSTEMS, nccl_tests
@@ -182,20 +181,19 @@ def test_selection_by_size_like_nccl_and_overrides_like_nccl_algo():
 
 
 def test_the_tuner_keeps_a_communicators_tables_and_forgets_them_on_request():
-    """``select`` reads NCCL's (latency, bandwidth) of every pair from one table per
-    (collective, communicator), the numbers ``latency_bandwidth`` gives, and runs through the
-    pairs with a bandwidth only (``supported_pairs``); its pick and estimate are a fresh
-    ``estimate_us``'s minimum, ties to the lower index, under any NCCL_ALGO / NCCL_PROTO
-    restriction; ``clear_cache`` leaves every cache empty, as a fresh process has them
-    (``--speed``'s first calls)."""
+    """``select`` reads NCCL's (latency, bandwidth) of the pairs with a bandwidth from one
+    table per (collective, communicator), the numbers ``latency_bandwidth`` gives
+    (``supported_pairs``); its pick and estimate are a fresh ``estimate_us``'s minimum, ties
+    to the lower index, under any NCCL_ALGO / NCCL_PROTO restriction; ``clear_cache`` leaves
+    every cache empty, as a fresh process has them (``--speed``'s first calls)."""
     topo = topology(group_of(dgx_a100(2)))
-    table = tables("allreduce", topo)
-    assert table is tables("allreduce", topo)
-    assert dict(table) == {(a, p): latency_bandwidth("allreduce", a, p, topo)
-                           for a in ALGOS for p in PROTOS}
-    assert supported_pairs("allreduce", topo) == tuple(
-        (a, p, *table[a, p]) for a in ALGOS for p in PROTOS if table[a, p][1] > 0)
-    for a, p, _, bw in supported_pairs("allreduce", topo):  # a call's own channels, priced
+    pairs = supported_pairs("allreduce", topo)
+    assert pairs is supported_pairs("allreduce", topo)
+    every = {(a, p): latency_bandwidth("allreduce", a, p, topo) for a in ALGOS for p in PROTOS}
+    assert pairs == tuple((a, p, *every[a, p]) for a in ALGOS for p in PROTOS
+                          if every[a, p][1] > 0)
+    assert 0 < len(pairs) < len(every)
+    for a, p, _, bw in pairs:  # a call's own channels, priced
         assert bandwidth_GBps("allreduce", a, p, topo, topo.ring_channels, topo.bw_intra,
                               topo.bw_inter) == bw
         assert bandwidth_GBps("allreduce", a, p, topo, 3, 7.5, 7.5, ll_cap=False) == \
@@ -221,9 +219,8 @@ def test_the_tuner_keeps_a_communicators_tables_and_forgets_them_on_request():
                     assert select(func, size, topo, algos, protos) == (ALGOS[i], PROTOS[j], t)
     plan_collective("allreduce", 2**20, group_of(dgx_a100(2)))
     clear_cache()
-    assert tables.cache_info().currsize == 0 and _topology_of.cache_info().currsize == 0
-    assert _plan_cached.cache_info().currsize == 0
     assert supported_pairs.cache_info().currsize == 0
+    assert _topology_of.cache_info().currsize == 0 and _plan_cached.cache_info().currsize == 0
 
 
 def test_strided_groups_equal_listed_groups():

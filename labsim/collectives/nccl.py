@@ -55,7 +55,6 @@ from labsim.collectives.tuner import (
     parse_choice,
     select,
     supported_pairs,
-    tables,
 )
 
 NCCL_OPS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall",
@@ -239,7 +238,6 @@ def clear_cache() -> None:
     would (the benchmarks time a planner's first calls with it)."""
     _plan_cached.cache_clear()
     _topology_of.cache_clear()
-    tables.cache_clear()
     supported_pairs.cache_clear()
 
 

@@ -17,10 +17,8 @@ of ``labsim.collectives.nccl``, which starts from these tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from types import MappingProxyType
 
 ALGOS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOS = ("LL", "LL128", "Simple")
@@ -234,11 +232,10 @@ def _latency(func: str, algo: str, p: int, topo: Topology, nsteps: int) -> float
     return lat + log2i(nn) * (inter / 3.5) + n * 2.8  # pat
 
 
-def estimate_us(func: str, nbytes: float, algo: str, proto: str, topo: Topology,
-                table: Mapping[tuple[str, str], tuple[float, float]] | None = None) -> float:
+def estimate_us(func: str, nbytes: float, algo: str, proto: str, topo: Topology) -> float:
     """``ncclTopoGetAlgoTime``: NCCL's estimate in us of one call (-1 when unsupported),
     with the tree correction by size and the ring "plateau" latency factor."""
-    lat, bw = (table or {}).get((algo, proto)) or latency_bandwidth(func, algo, proto, topo)
+    lat, bw = latency_bandwidth(func, algo, proto, topo)
     if bw == 0:
         return -1.0
     return _estimate(func, nbytes, algo, proto, topo, lat, bw, log2i(int(nbytes) >> 6))
@@ -246,8 +243,8 @@ def estimate_us(func: str, nbytes: float, algo: str, proto: str, topo: Topology,
 
 def _estimate(func: str, nbytes: float, algo: str, proto: str, topo: Topology, lat: float,
               bw: float, log_size: int) -> float:
-    """``estimate_us`` of a supported pair from its table entry (``log_size``: log2i of the
-    size in 64-byte units, the tree correction's index)."""
+    """``estimate_us`` of a supported pair from its ``latency_bandwidth`` (``log_size``: log2i
+    of the size in 64-byte units, the tree correction's index)."""
     if algo == "tree" and func == "allreduce" and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[proto][log_size]
     if (algo == "ring" and proto == "Simple" and topo.nnodes > 1 and func == "allreduce"
@@ -284,18 +281,11 @@ def parse_choice(value: str, names: tuple[str, ...], what: str) -> frozenset[str
 
 
 @lru_cache(maxsize=4096)
-def tables(func: str, topo: Topology) -> Mapping[tuple[str, str], tuple[float, float]]:
-    """(latency, bandwidth) of every (algorithm, protocol) for ``func`` on ``topo``: what
-    ``select`` compares, the same for every size (NCCL computes them once per communicator,
-    ``ncclTopoTuneModel``)."""
-    return MappingProxyType({(a, p): latency_bandwidth(func, a, p, topo)
-                             for a in ALGOS for p in PROTOS})
-
-
-@lru_cache(maxsize=4096)
 def supported_pairs(func: str, topo: Topology) -> tuple[tuple[str, str, float, float], ...]:
-    """(algorithm, protocol, latency, bandwidth) of the pairs ``tables`` gives a bandwidth,
-    in NCCL's order (algorithm, then protocol): the candidates ``select`` runs through."""
+    """(algorithm, protocol, latency, bandwidth) of every pair ``latency_bandwidth`` gives a
+    bandwidth for ``func`` on ``topo``, in NCCL's order (algorithm, then protocol): what
+    ``select`` compares, the same for every size (NCCL computes its tables once per
+    communicator, ``ncclTopoTuneModel``)."""
     pairs = ((a, p, *latency_bandwidth(func, a, p, topo)) for a in ALGOS for p in PROTOS
              if supported(func, a, p, topo))
     return tuple(pair for pair in pairs if pair[3])
