@@ -286,8 +286,7 @@ def supported_pairs(func: str, topo: Topology) -> tuple[tuple[str, str, float, f
     bandwidth for ``func`` on ``topo``, in NCCL's order (algorithm, then protocol): what
     ``select`` compares, the same for every size (NCCL computes its tables once per
     communicator, ``ncclTopoTuneModel``)."""
-    pairs = ((a, p, *latency_bandwidth(func, a, p, topo)) for a in ALGOS for p in PROTOS
-             if supported(func, a, p, topo))
+    pairs = ((a, p, *latency_bandwidth(func, a, p, topo)) for a in ALGOS for p in PROTOS)
     return tuple(pair for pair in pairs if pair[3])
 
 
