@@ -157,6 +157,23 @@ def _save(page, path: Path, wait_s: float = 30.0) -> dict:
             time.sleep(0.2)
 
 
+def _first_error(nb: dict) -> str | None:
+    """The exception name of the first code cell of a saved notebook that raised."""
+    return next((o.get("ename") for c in nb["cells"] if c["cell_type"] == "code"
+                 for o in c.get("outputs", []) if o.get("output_type") == "error"), None)
+
+
+def _run_again_from_scratch(page) -> None:
+    """Edit > Clear Outputs of All Cells (prompts too, so that ``run_all_cells`` sees the new
+    run start), then Run All Cells, answering a Select Kernel dialog as it comes."""
+    _accept_kernel_dialog(page)
+    page.click(f"{PANEL} .jp-Cell >> nth=0 >> .jp-InputPrompt")
+    page.keyboard.press("Escape")
+    page.click(".lm-MenuBar-itemLabel:text-is('Edit')")
+    page.click(".lm-Menu-itemLabel:text-is('Clear Outputs of All Cells')")
+    run_all_cells(page)
+
+
 def _progress(nb: dict) -> tuple[int, int, bool]:
     """(code cells run, code cells, whether one raised) of a saved notebook."""
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
@@ -171,7 +188,11 @@ def open_and_run_all(browser, server, relpath: str):
     Progress is read from the saved notebook, not from the page: JupyterLab renders only the
     cells near the viewport, so the page cannot tell whether the cells below have run.  A
     run that stalls with the kernel idle (a "Select Kernel" dialog can swallow it when it
-    comes up after Run All) is answered and asked for again."""
+    comes up after Run All) is answered and asked for again.  So is a run that stops at a
+    NameError: under load the kernel can go away mid-run (JupyterLab then asks for one), and
+    the cells after it run in a fresh kernel without the names the cells before defined; the
+    run starts again from cleared outputs, at most twice, so that a NameError of the notebook
+    itself still comes back and fails the caller's assertions."""
     base, token = server[0].split("|")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     workspace = Path(relpath).stem  # a fresh workspace: only this notebook is open
@@ -187,6 +208,11 @@ def open_and_run_all(browser, server, relpath: str):
         _accept_kernel_dialog(page)
         nb = _save(page, path, wait_s=5.0)
         done, total, raised = _progress(nb)
+        if raised and _first_error(nb) == "NameError" and reruns < 2:
+            page.wait_for_timeout(2000)  # a Select Kernel dialog, if any, is up by now
+            _run_again_from_scratch(page)
+            last, stalled, reruns = -1, 0, reruns + 1
+            continue
         if raised or done == total or time.monotonic() > deadline:
             break
         idle = page.locator(IDLE).count() > 0
