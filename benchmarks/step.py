@@ -34,7 +34,7 @@ from types import MappingProxyType
 import numpy as np
 
 import labsim
-from labsim import software
+from labsim import pipeline, software
 from labsim import step as labsim_step
 from labsim.collectives.nccl import clear_cache
 from labsim.plan import Plan
@@ -164,8 +164,9 @@ def speed(repeat: int, estimate_repeat: int) -> None:
         plans = sample_plans(200, seed=0, pcie=pcie)
         name = "PCIe boxes" if pcie else "DGX nodes"
         # a planner's sweep: each plan once, in turn, from a fresh process's empty caches
-        # (what one plan's collectives teach the model is kept for the next)
+        # (what one plan's collectives and schedules teach the model is kept for the next)
         clear_cache()
+        pipeline.clear_cache()
         first = []
         for model, cluster, plan in plans:
             t0 = time.process_time()

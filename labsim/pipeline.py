@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -118,7 +119,20 @@ def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
 
 def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     """The schedule called ``name`` ("gpipe", "1f1b", "interleaved") for p stages, m
-    micro-batches and v chunks per stage."""
+    micro-batches and v chunks per stage.  A schedule is immutable data, so one asked for
+    again is the one built before (``_built``, forgotten by ``clear_cache``): a planner
+    evaluates the same few shapes for many plans."""
+    if type(name) is str and type(p) is int and type(m) is int and type(v) is int:
+        return _built(name, p, m, v)
+    return _build(name, p, m, v)  # its errors name what is wrong
+
+
+def clear_cache() -> None:
+    """Forget the schedules ``make_schedule`` built, as a fresh process would."""
+    _built.cache_clear()
+
+
+def _build(name: str, p: int, m: int, v: int) -> Schedule:
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
@@ -126,6 +140,9 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     if name == "interleaved":
         return interleaved_one_f_one_b(p, m, v)
     raise ValueError(f"unknown schedule {name!r}; choose 'gpipe', '1f1b' or 'interleaved'")
+
+
+_built = lru_cache(maxsize=256)(_build)
 
 
 def max_in_flight(ops: tuple[Op, ...], weights: Sequence[float] | None = None) -> float:

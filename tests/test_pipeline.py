@@ -191,6 +191,31 @@ def test_interleaved_needs_m_multiple_of_p():
         make_schedule("zero-bubble", 2, 2)
 
 
+def test_a_schedule_asked_again_is_the_one_built_and_bad_counts_still_fail():
+    """``make_schedule`` keeps what it built (a planner asks the same shapes again), by the
+    exact types asked: a count that only compares equal to a kept one (2.0, a numpy integer)
+    is still checked and refused, and ``clear_cache`` forgets."""
+    import numpy as np
+
+    from labsim.pipeline import clear_cache
+
+    clear_cache()
+    first = make_schedule("interleaved", 2, 4, 2)
+    assert make_schedule("interleaved", 2, 4, 2) is first
+    assert first == interleaved_one_f_one_b(2, 4, 2)
+    assert make_schedule("1f1b", 2, 4, 2) is not make_schedule("1f1b", 2, 4, 1)
+    for p in (2.0, np.int64(2), "2"):
+        with pytest.raises(ValueError, match="positive integer"):
+            make_schedule("interleaved", p, 4, 2)
+    with pytest.raises(ValueError, match="multiple of p"):
+        make_schedule("interleaved", 2, 3, 2)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_schedule("zero-bubble", 2, 4)
+    clear_cache()
+    again = make_schedule("interleaved", 2, 4, 2)
+    assert again is not first and again == first
+
+
 @pytest.mark.parametrize("name, p, m, v", CASES)
 def test_simulated_pipeline_equals_closed_form(name, p, m, v):
     t_f, t_b = 1.0, 2.0
