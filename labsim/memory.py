@@ -400,7 +400,8 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     if len(set(mine)) == 1:
         held = mine[0] * in_flight
     else:  # the embedding counted as a layer: chunk 0 holds fewer; walk the schedule
-        held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine)
+        held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine,
+                              group=plan.microbatch_group)
     activations = per_layer * held
     if plan.recompute != "none":  # the recomputed layer's working set, one at a time
         activations += layer_bytes("none") - per_layer

@@ -91,16 +91,32 @@ def _warmup_steady_cooldown(p: int, forwards: list[Op], backwards: list[Op],
     return tuple(schedule)
 
 
-def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
+def interleaved_one_f_one_b(p: int, m: int, v: int, group: int | None = None) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, Fig. 4 bottom; Megatron-LM's
     ``forward_backward_pipelining_with_interleaving``): each stage holds ``v`` model chunks and
     runs micro-batches in groups of ``p`` through one chunk before moving to the next, which
     shrinks the bubble by ``v`` at the cost of ``v`` times more point-to-point messages.
-    Needs ``m`` to be a multiple of ``p`` (Megatron-LM's condition)."""
+    Needs ``m`` to be a multiple of ``p`` (Megatron-LM's condition); with ``m == p`` every
+    forward goes first.
+
+    ``group`` N: Megatron-Core's tunable schedule (``microbatch_group_size_per_vp_stage``,
+    its default p; Llama 3's N, Llama Team 2024, section 3.3.2): groups of N micro-batches
+    (the last group the rest, ``get_schedule_table``), stage s warming up with
+    ``2 (p - s - 1) + (v - 1) N`` forwards (``get_pp_rank_microbatches``) and no ``m == p``
+    case; N from p to m, and m % N either 0 or at least p (``group_problems``).  With N = p
+    and more than p micro-batches it is the order above."""
     _check(p, m, v)
+    total = m * v
+    if group is not None:
+        problem = group_problems(p, m, group)
+        if problem:
+            raise ValueError(problem)
+        table = _group_table(m, v, group)
+        warmups = [min((p - s - 1) * 2 + (v - 1) * group, total) for s in range(p)]
+        return _warmup_steady_cooldown(p, [Op("F", mb, c) for mb, c in table],
+                                       [Op("B", mb, v - 1 - c) for mb, c in table], warmups)
     if m % p:
         raise ValueError(f"interleaved 1F1B needs m={m} to be a multiple of p={p}")
-    total = m * v
 
     def forward_op(k: int) -> Op:  # k-th forward of a stage: chunk advances every p ops
         return Op("F", (k // (p * v)) * p + k % p, (k // p) % v)
@@ -109,22 +125,55 @@ def interleaved_one_f_one_b(p: int, m: int, v: int) -> Schedule:
         return Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
     # Megatron-LM: with m == p every forward goes first (no steady state); Megatron-Core's
-    # tunable schedule (November 2024, ``microbatch_group_size_per_vp_stage``) and PyTorch's
-    # ScheduleInterleaved1F1B dropped that case, so their later stages start 1F1B sooner
+    # tunable schedule (November 2024, ``microbatch_group_size_per_vp_stage``: ``group``) and
+    # PyTorch's ScheduleInterleaved1F1B dropped that case, so their later stages start 1F1B
+    # sooner
     warmups = [total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
                for s in range(p)]
     return _warmup_steady_cooldown(p, [forward_op(k) for k in range(total)],
                                    [backward_op(k) for k in range(total)], warmups)
 
 
-def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
+def group_problems(p: int, m: int, group: object) -> str:
+    """What is wrong with ``group`` as Megatron-Core's micro-batch group (the micro-batches a
+    stage runs through one chunk in a row) for p stages and m micro-batches; "" if nothing.
+    Megatron-Core refuses a group outside [p, m], and a last group of fewer than p
+    micro-batches ("it introduces dependency bubbles")."""
+    if isinstance(group, bool) or not isinstance(group, int):
+        return f"microbatch_group={group!r}: must be a whole number of micro-batches"
+    if not p <= group <= m:
+        return (f"microbatch_group={group} must lie between p={p} and m={m} (Megatron-Core's "
+                "range for microbatch_group_size_per_vp_stage); choose one in it or more "
+                "micro-batches")
+    rest = m % group
+    if 0 < rest < p:
+        return (f"m={m} micro-batches in groups of {group} leave a last group of {rest}, fewer "
+                f"than p={p} (Megatron-Core refuses it: the pipeline would wait on its "
+                "dependencies); choose a group that divides m or leaves at least p")
+    return ""
+
+
+def _group_table(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, local chunk) of a stage's forwards in order, in groups of ``group``
+    micro-batches, the last group the rest (Megatron-Core's ``get_schedule_table``)."""
+    table = []
+    for first in range(0, m, group):
+        last = m if first + group >= m else first + group
+        table.extend((mb, c) for c in range(v) for mb in range(first, last))
+    return table
+
+
+def make_schedule(name: str, p: int, m: int, v: int = 1, group: int | None = None
+                  ) -> Schedule:
     """The schedule called ``name`` ("gpipe", "1f1b", "interleaved") for p stages, m
-    micro-batches and v chunks per stage.  A schedule is immutable data, so one asked for
+    micro-batches and v chunks per stage; ``group``: the interleaved schedule's micro-batch
+    group (``interleaved_one_f_one_b``).  A schedule is immutable data, so one asked for
     again is the one built before (``_built``, forgotten by ``clear_cache``): a planner
     evaluates the same few shapes for many plans."""
-    if type(name) is str and type(p) is int and type(m) is int and type(v) is int:
-        return _built(name, p, m, v)
-    return _build(name, p, m, v)  # its errors name what is wrong
+    if (type(name) is str and type(p) is int and type(m) is int and type(v) is int
+            and (group is None or type(group) is int)):
+        return _built(name, p, m, v, group)
+    return _build(name, p, m, v, group)  # its errors name what is wrong
 
 
 def clear_cache() -> None:
@@ -132,13 +181,16 @@ def clear_cache() -> None:
     _built.cache_clear()
 
 
-def _build(name: str, p: int, m: int, v: int) -> Schedule:
+def _build(name: str, p: int, m: int, v: int, group: int | None) -> Schedule:
+    if group is not None and name != "interleaved":
+        raise ValueError(f"group={group!r} is the interleaved schedule's micro-batch group; "
+                         f"{name!r} has none: leave it None")
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
         return one_f_one_b(p, m)
     if name == "interleaved":
-        return interleaved_one_f_one_b(p, m, v)
+        return interleaved_one_f_one_b(p, m, v, group)
     raise ValueError(f"unknown schedule {name!r}; choose 'gpipe', '1f1b' or 'interleaved'")
 
 
@@ -368,27 +420,38 @@ def pipeline_time(p: int, m: int, t_f: float, t_b: float, v: int = 1) -> float:
 
 
 def in_flight_peak(name: str, p: int, m: int, v: int = 1,
-                   weights: Sequence[float] | None = None) -> float:
-    """``max_in_flight`` of stage 0 of ``make_schedule(name, p, m, v)`` without building it:
-    GPipe holds all m; 1F1B min(p, m); interleaved 1F1B its warm-up plus one (all m v when
-    m == p, Megatron-LM's rule: stage 0 holds the same under Megatron-Core's and PyTorch's).
+                   weights: Sequence[float] | None = None, group: int | None = None) -> float:
+    """``max_in_flight`` of stage 0 of ``make_schedule(name, p, m, v, group)`` without
+    building it: GPipe holds all m; 1F1B min(p, m); interleaved 1F1B its warm-up plus one
+    (all m v when m == p, Megatron-LM's rule: stage 0 holds the same under Megatron-Core's
+    and PyTorch's; with a micro-batch ``group`` N the warm-up is 2 (p - 1) + (v - 1) N).
     With ``weights`` (one per local chunk of stage 0) the peak of their sum, stage 0's
     interleaved order walked without building its ops."""
     _check(p, m, v)
+    if group is not None:
+        problem = group_problems(p, m, group) if name == "interleaved" else (
+            f"group={group!r}: {name!r} has no micro-batch group")
+        if problem:
+            raise ValueError(problem)
     if weights is not None and (name != "interleaved" or len(set(weights)) == 1):
-        return weights[0] * in_flight_peak(name, p, m, v)  # one weight counts
+        return weights[0] * in_flight_peak(name, p, m, v, group=group)  # one weight counts
     if name == "gpipe":
         return m
     if name == "1f1b":
         return min(p, m)
     total = m * v
-    warmup = total if m == p else min((p - 1) * 2 + (v - 1) * p, total)
+    if group is None:
+        warmup = total if m == p else min((p - 1) * 2 + (v - 1) * p, total)
+    else:
+        warmup = min((p - 1) * 2 + (v - 1) * group, total)
     if weights is None:
         return warmup + 1 if warmup < total else total
-    # interleaved_one_f_one_b's stage 0: forward k runs chunk (k // p) % v, backward k chunk
-    # v - 1 - (k // p) % v; the warm-up's forwards, then one forward and one backward in turn
+    # interleaved_one_f_one_b's stage 0: forward k runs chunk (k // p) % v (in groups of N:
+    # ``_group_table``), backward k chunk v - 1 minus that; the warm-up's forwards, then one
+    # forward and one backward in turn
     w = np.asarray(weights, dtype=float)
-    rounds = (np.arange(total) // p) % v
+    rounds = ((np.arange(total) // p) % v if group is None
+              else np.array([c for _, c in _group_table(m, v, group)]))
     added, freed = w[rounds], w[v - 1 - rounds]
     steady = np.empty(2 * (total - warmup))
     steady[0::2], steady[1::2] = added[warmup:], -freed[:total - warmup]

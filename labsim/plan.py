@@ -19,6 +19,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from labsim.pipeline import group_problems
 from labsim.precision import Precision, training_precision
 from labsim.software import PROFILES, SoftwareProfile, profile
 
@@ -88,6 +89,12 @@ class Plan:
         (Megatron-Core's options of these names, ``TransformerConfig``; Llama 3 405B: 126
         layers + 2 over 16 stages of 8 chunks, "the first model chunk on the first stage has
         only the embedding", Llama Team 2024, section 3.3.2).  ``chunk_layers`` gives the split.
+    microbatch_group: the interleaved schedule's micro-batch group N, the micro-batches a stage
+        runs through one chunk in a row: Megatron-Core's tunable schedule
+        (``microbatch_group_size_per_vp_stage``, its default p; Llama 3's N), from p to m
+        micro-batches, with no "every forward first when m = p" case and no need for m to be a
+        multiple of p.  None: Megatron-LM's order (groups of p).  A larger N holds more
+        activations on the early stages (``labsim.pipeline.interleaved_one_f_one_b``).
     """
 
     dp: int = 1
@@ -110,6 +117,7 @@ class Plan:
     zero3_prefetch: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    microbatch_group: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
@@ -147,7 +155,16 @@ class Plan:
                 f"virtual_stages={self.virtual_stages} needs schedule='interleaved' "
                 f"(schedule={self.schedule!r} runs one model chunk per GPU)"
             )
-        if self.schedule == "interleaved" and self.microbatches % self.pp:
+        if self.microbatch_group is not None:
+            if self.schedule != "interleaved":
+                raise ValueError(
+                    f"microbatch_group={self.microbatch_group!r} groups the interleaved "
+                    f"schedule's micro-batches; schedule={self.schedule!r} has none: leave "
+                    "it None or use schedule='interleaved'")
+            problem = group_problems(self.pp, self.microbatches, self.microbatch_group)
+            if problem:
+                raise ValueError(problem)
+        elif self.schedule == "interleaved" and self.microbatches % self.pp:
             raise ValueError(
                 f"the interleaved schedule needs the micro-batch count per replica "
                 f"({self.microbatches}) to be a multiple of pp={self.pp} (Megatron-LM's "

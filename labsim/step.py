@@ -542,7 +542,8 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
     step's schedule evaluated op by op at the rates alone (``alone_schedule``), when that
     costs at most ``SCHEDULE_OPS`` ops; None when it would cost more.
 
-    A longer schedule is evaluated at ``p`` and ``2 p`` micro-batches and extended in a
+    A longer schedule is evaluated at ``p`` and ``2 p`` micro-batches (with a micro-batch
+    group N, at one and two groups, each with the rest ``m % N``) and extended in a
     straight line: with fixed op times a pipeline's makespan grows by the same amount per
     micro-batch once it is past its fill (a max-plus linear system settles into a periodic
     regime), so two short runs give its fill and its pace, and the slowest stage or a
@@ -551,17 +552,18 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
     from labsim.uncontended import alone_schedule, bucket_growth
 
     plan = c.plan
-    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    p, m, v, group = plan.pp, plan.microbatches, plan.virtual_stages, plan.microbatch_group
     if 2 * p * v * m <= SCHEDULE_OPS:
-        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
+        run = alone_schedule(c, make_schedule(plan.schedule, p, m, v, group), trace=False)
         return run.ends, run.busy, run.compute_end
-    m1, m2 = p, 2 * p
+    # Megatron-Core's groups of N: one and two full groups, each with the last group's rest
+    m1, m2 = (p, 2 * p) if group is None else (group + m % group, 2 * group + m % group)
     if 2 * p * v * (m1 + m2) > SCHEDULE_OPS:
         return None
     growth = bucket_growth(c) if plan.overlap_grad_reduce else {}
     scratch: dict = {}  # the longer run first: the shorter one reuses its tables
-    b, a = (alone_schedule(c, make_schedule(plan.schedule, p, n, v), trace=False, growth=growth,
-                           scratch=scratch) for n in (m2, m1))
+    b, a = (alone_schedule(c, make_schedule(plan.schedule, p, n, v, group), trace=False,
+                           growth=growth, scratch=scratch) for n in (m2, m1))
     return ([_line(x, y, m1, m2, m) for x, y in zip(a.ends, b.ends)],
             [_line(x, y, m1, m2, m) for x, y in zip(a.busy, b.busy)],
             _line(a.compute_end, b.compute_end, m1, m2, m))
@@ -680,7 +682,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     mem = None
     if memory:
-        mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v)
+        mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v,
+                                                      group=plan.microbatch_group)
                           if c.zero3_gather is None else 1,
                           extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param,
                           swiglu_fused=c.software.swiglu_fused,
@@ -729,6 +732,11 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             pipe = m * max(work) + bubble + comm
     busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
     drain = 0.0
+    # Megatron-LM's order runs every forward first when m = p; its last round of backwards,
+    # p ops of each chunk (Megatron-Core's groups of N: the last group, N or the rest m % N)
+    every_forward_first = m == p and plan.microbatch_group is None
+    last_round = p if plan.microbatch_group is None else (m % plan.microbatch_group
+                                                          or plan.microbatch_group)
     zero2 = plan.zero_stage == 2
     stages = []
     growth = None  # chunk -> growths of TP and buckets beside each other, when first needed
@@ -737,9 +745,11 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         drain += bwd[s] + (0.0 if blocking else send_b[s] if s > 0 else 0.0)
         stream = late = 0.0
         # the backwards visit a stage's chunks from its last (local v - 1) to its first, in
-        # rounds of p ops of one chunk: chunk j's last backward ends p ops of each chunk
-        # before it (j - 1 ... 0) ahead of the stage's last, and its buckets go in that order
-        before = list(accumulate((p * bwd[s + j * p] for j in range(v - 1)), initial=0.0))
+        # rounds of p ops of one chunk (``last_round``): chunk j's last backward ends a round
+        # of each chunk before it (j - 1 ... 0) ahead of the stage's last, and its buckets go
+        # in that order
+        before = list(accumulate((last_round * bwd[s + j * p] for j in range(v - 1)),
+                                 initial=0.0))
         for j in reversed(range(v)):
             g = s + j * p
             bucket, n = c.buckets[g]
@@ -757,9 +767,10 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             else:
                 start = max(stream, t0 + d / n)
                 stream = _bucket_finish(stream, t0, d, n, bucket.alone_s)
-                if j == 0 or m == p:  # beside the stage's last backward ops
+                if j == 0 or every_forward_first:  # beside the stage's last backward ops
                     if growth is None:  # the chunks priced so: each stage's last, or all
-                        growth = bucket_growth(c, range(n_chunks) if m == p else range(p))
+                        growth = bucket_growth(c, range(n_chunks) if every_forward_first
+                                               else range(p))
                     if g in growth:
                         op_late, bucket_late = _buckets_beside_tp(
                             c.chunks[g], bucket, n, d, last_end - start, *growth[g])

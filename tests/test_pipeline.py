@@ -146,6 +146,92 @@ def test_interleaved_order_is_pytorchs_past_one_round(p, m, v):
     assert last.index(("B", 0, v - 1)) == m * v  # every forward first
     assert torch_order[p - 1].index(("B", 0, v - 1)) < m * v
     assert sorted(torch_order[p - 1]) == sorted(last)
+    # Megatron-Core's tunable order with its default group of p is PyTorch's at m = p too
+    grouped = [tuple((op.kind, op.microbatch, op.chunk) for op in ops)
+               for ops in make_schedule("interleaved", p, m, v, group=p)]
+    assert grouped == torch_order
+
+
+@pytest.mark.parametrize("p, m, v", [(4, 6, 2), (2, 3, 3), (4, 12, 2), (3, 8, 2)])
+def test_a_group_of_more_than_p_is_pytorchs_round(p, m, v):
+    """PyTorch splits m micro-batches into max(1, m // p) equal rounds, each its N (m = 6 on
+    4 stages: one round of 6, which Megatron-LM's order cannot run at all); labsim's group of
+    that N runs the same ops on every stage."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        pytest.skip("PyTorch needs equal rounds")
+    torch_order = _torch_interleaved_order(p, m, v)
+    if torch_order is None:
+        pytest.skip("this torch has no ScheduleInterleaved1F1B planner of this shape")
+    ours = [tuple((op.kind, op.microbatch, op.chunk) for op in ops)
+            for ops in make_schedule("interleaved", p, m, v, group=m // rounds)]
+    assert ours == torch_order
+
+
+def _megatron_core_order(p, m, v, n):
+    """Each stage's ops as Megatron-Core's ``forward_backward_pipelining_with_interleaving``
+    runs them (``megatron/core/pipeline_parallel/schedules.py``, August 2026):
+    ``get_schedule_table`` (groups of n micro-batches, the last group the rest), the warm-up
+    of ``get_pp_rank_microbatches``, then one forward and one backward in turn, the backward
+    of virtual micro-batch k running chunk v - 1 - table[k]'s."""
+    table = []
+    for first in range(0, m, n):
+        ids = range(first, m) if first + n >= m else range(first, first + n)
+        table.extend((mb, c) for c in range(v) for mb in ids)
+    total = m * v
+    order = []
+    for s in range(p):
+        warmup = min((p - s - 1) * 2 + (v - 1) * n, total)
+        ops = [("F", *table[k]) for k in range(warmup)]
+        for k in range(total - warmup):
+            ops.append(("F", *table[warmup + k]))
+            ops.append(("B", table[k][0], v - 1 - table[k][1]))
+        ops.extend(("B", table[k][0], v - 1 - table[k][1]) for k in range(total - warmup, total))
+        order.append(tuple(ops))
+    return order
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 5, 2), (4, 4, 2), (4, 9, 2), (4, 10, 3), (3, 7, 2),
+                                     (8, 16, 2), (16, 32, 8)])
+def test_micro_batch_groups_are_megatron_cores(p, m, v):
+    """Every group Megatron-Core accepts (p to m, the rest 0 or at least p) runs its order
+    (the rest as a last, shorter group, its own example of p = 2, N = 3, m = 5 among them);
+    the group of p past one round is Megatron-LM's order."""
+    accepted = 0
+    for n in range(p, m + 1):
+        if 0 < m % n < p:
+            continue
+        accepted += 1
+        ours = [tuple((op.kind, op.microbatch, op.chunk) for op in ops)
+                for ops in make_schedule("interleaved", p, m, v, group=n)]
+        assert ours == _megatron_core_order(p, m, v, n), n
+        for weights in ([0] + [1] * (v - 1), ([3] + [1] * (v - 2) + [2])[:v]):
+            assert in_flight_peak("interleaved", p, m, v, weights, group=n) == max_in_flight(
+                make_schedule("interleaved", p, m, v, group=n)[0], weights)
+        assert in_flight_peak("interleaved", p, m, v, group=n) == max_in_flight(
+            make_schedule("interleaved", p, m, v, group=n)[0])
+    assert accepted
+    if m > p and m % p == 0:
+        assert make_schedule("interleaved", p, m, v, group=p) == make_schedule(
+            "interleaved", p, m, v)
+
+
+def test_micro_batch_groups_megatron_core_refuses_are_refused():
+    """A group outside [p, m], one leaving a last group of fewer than p, a group that is not
+    a whole number, or a group given to a schedule without chunks: each refused by name."""
+    from labsim.pipeline import group_problems
+
+    for n, words in ((3, "between p=4 and m=10"), (11, "between p=4 and m=10"),
+                     (8, "last group of 2"), (True, "whole number"), (4.0, "whole number")):
+        assert words in group_problems(4, 10, n)
+        with pytest.raises(ValueError, match=words):
+            make_schedule("interleaved", 4, 10, 2, group=n)
+        with pytest.raises(ValueError, match=words):
+            in_flight_peak("interleaved", 4, 10, 2, group=n)
+    assert group_problems(4, 10, 5) == group_problems(4, 10, 6) == ""
+    for name in ("gpipe", "1f1b"):
+        with pytest.raises(ValueError, match="leave it None"):
+            make_schedule(name, 4, 8, 1, group=4)
 
 
 @pytest.mark.parametrize("p, m", [(4, 8), (4, 2), (8, 8), (1, 5)])

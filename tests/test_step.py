@@ -709,6 +709,65 @@ def test_a_long_schedule_is_two_short_ones_extended_in_a_line(case):
                                                 trace=False).ends)
 
 
+def test_a_micro_batch_group_of_p_is_megatron_lms_order_past_one_round():
+    """Megatron-Core's group of p runs Megatron-LM's order once there is more than one round:
+    the same step in both faces, figure for figure; a group it refuses is refused by
+    ``Plan`` with the fix."""
+    model, cluster, plan = _slow_sends_plan(32)
+    grouped = replace(plan, microbatch_group=plan.pp)
+    a, b = (simulate_step(model, cluster, x) for x in (plan, grouped))
+    assert (a.step_time_s, a.peak_memory_bytes) == (b.step_time_s, b.peak_memory_bytes)
+    # the closed form's line through p and 2 p micro-batches: at p the two orders differ
+    a, b = (estimate_step(model, cluster, x) for x in (plan, grouped))
+    assert a.peak_memory_bytes == b.peak_memory_bytes
+    assert b.step_time_s == pytest.approx(a.step_time_s, rel=0.01)
+    assert b.step_time_s == pytest.approx(simulate_step(model, cluster, grouped).step_time_s,
+                                          rel=0.02)
+    interleaved = dict(dp=4, pp=8, schedule="interleaved", virtual_stages=2)
+    with pytest.raises(ValueError, match="multiple of pp=8"):
+        Plan(**interleaved, global_batch=4 * 20)
+    assert Plan(**interleaved, global_batch=4 * 20, microbatch_group=10).microbatches == 20
+    for group, words in ((4, "between p=8 and m=20"), (14, "last group of 6"),
+                         (24, "between p=8 and m=20")):
+        with pytest.raises(ValueError, match=words):
+            Plan(**interleaved, global_batch=4 * 20, microbatch_group=group)
+    with pytest.raises(ValueError, match="use schedule='interleaved'"):
+        Plan(dp=4, pp=8, global_batch=4 * 16, microbatch_group=8)
+
+
+@pytest.mark.parametrize("microbatches, group", [(16, 16), (24, 12), (20, 10), (20, 20)])
+def test_a_micro_batch_group_in_both_faces(microbatches, group):
+    """A grouped step: both faces run Megatron-Core's order (``make_schedule(..., group)``)
+    and count the same first-stage activations, its warm-up's (``in_flight_peak``), within
+    2 % of each other on a DGX pair; a larger group holds more."""
+    plan = Plan(dp=2, tp=2, pp=4, schedule="interleaved", virtual_stages=2,
+                global_batch=2 * microbatches, microbatch_group=group,
+                software="megatron-core-te")
+    cluster = labsim.dgx_h100(2)
+    sim, est = (face(MID, cluster, plan) for face in (simulate_step, estimate_step))
+    assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.02)
+    assert est.peak_memory_bytes == sim.peak_memory_bytes  # max_in_flight, in_flight_peak
+    smaller = estimate_step(MID, cluster, replace(plan, microbatch_group=plan.pp + 1
+                                                  if microbatches % (plan.pp + 1) == 0
+                                                  else plan.pp))
+    assert smaller.peak_memory_bytes < est.peak_memory_bytes
+
+
+def test_llama3s_breadth_first_group_hides_sends_and_holds_more():
+    """Llama 3 405B on 8,192 GPUs, 32 micro-batches on 16 stages of 8 chunks: the paper's
+    tunable N from depth-first (N = p = 16, the order modelled) to breadth-first (N = m = 32,
+    every micro-batch through a chunk before the next) runs the step faster, its sends
+    hidden behind more forwards, and holds far more activations on the first stage (Llama
+    Team 2024, section 3.3.2: "a sweet spot between DFS and BFS")."""
+    run = next(r for r in runs() if r.id == "meta2024_llama3_405b_8192gpu")
+    depth, breadth = (simulate_step(run.model, run.cluster, replace(run.plan, microbatch_group=n))
+                      for n in (16, 32))
+    modelled = simulate_step(run.model, run.cluster, run.plan)
+    assert depth.step_time_s == modelled.step_time_s
+    assert breadth.step_time_s < 0.99 * depth.step_time_s
+    assert breadth.peak_memory_bytes > 1.5 * depth.peak_memory_bytes
+
+
 def test_the_formula_waits_for_a_send_at_every_chunk_boundary(monkeypatch):
     # Nemotron-4 340B as NVIDIA ran it (TP8 PP8 v12, 16 micro-batches): 3,072 ops, past the
     # evaluation budget; each of the interleaved fill's 12 rounds waits for 8 sends, which

@@ -96,7 +96,7 @@ class _Engine:
         self.env = simpy.Environment()
         self.net = Network(self.env, costs.capacity, track_bytes=False)
         self.schedule = make_schedule(plan.schedule, plan.pp, plan.microbatches,
-                                      plan.virtual_stages)
+                                      plan.virtual_stages, plan.microbatch_group)
         self.spans: list[tuple] = []
         self.busy = [0.0] * plan.pp
         self.compute_end = 0.0
