@@ -717,6 +717,17 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
     stage_b = [sum(bwd[s::p]) for s in range(p)]
     comm = 0.0 if blocking else sum(send_f[:n_chunks - 1]) + sum(send_b[1:n_chunks])
+    group = plan.microbatch_group
+    if group is not None and v > 1 and not blocking:
+        # a group of N > p micro-batches hides a round's sends behind N - p more chunk-ops: in
+        # the fill, stage 0 runs N forwards of chunk j while micro-batch 0 crosses the p
+        # stages (p forwards, p sends) to come back for chunk j + 1; in the drain, the last
+        # stage runs the last group's backwards of chunk j while the gradient crosses back
+        last = m % group or group
+        for j in range(v - 1):
+            comm -= min(sum(send_f[j * p:(j + 1) * p]), (group - p) * fwd[j * p])
+            k = v - 1 - j  # the last stage's local chunk, from the last
+            comm -= min(sum(send_b[k * p:(k + 1) * p]), (last - p) * bwd[k * p + p - 1])
     if plan.schedule == "gpipe":
         pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)
                 + (m - 1) * max(stage_b) + comm)
@@ -732,11 +743,13 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             pipe = m * max(work) + bubble + comm
     busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
     drain = 0.0
-    # Megatron-LM's order runs every forward first when m = p; its last round of backwards,
-    # p ops of each chunk (Megatron-Core's groups of N: the last group, N or the rest m % N)
-    every_forward_first = m == p and plan.microbatch_group is None
-    last_round = p if plan.microbatch_group is None else (m % plan.microbatch_group
-                                                          or plan.microbatch_group)
+    # whether stage 0 runs every forward first (Megatron-LM's order when m = p; Megatron-Core's
+    # groups of N when its warm-up, 2 (p - 1) + (v - 1) N forwards, takes them all); the last
+    # round of backwards, p ops of each chunk (groups of N: the last group, N or m % N)
+    group = plan.microbatch_group
+    every_forward_first = (m == p if group is None
+                           else v > 1 and 2 * (p - 1) + (v - 1) * group >= m * v)
+    last_round = p if group is None else m % group or group
     zero2 = plan.zero_stage == 2
     stages = []
     growth = None  # chunk -> growths of TP and buckets beside each other, when first needed
