@@ -178,7 +178,8 @@ def test_bad_global_batch(bad: object) -> None:
 @pytest.mark.parametrize("kwargs, word", [(dict(workers=0), "workers"),
                                           (dict(chunk=0), "chunk"),
                                           (dict(confirm=-1), "confirm"),
-                                          (dict(executor=object()), "executor")])
+                                          (dict(executor=object()), "executor"),
+                                          (dict(microbatch_group=8), "one chosen Plan")])
 def test_bad_search_settings(kwargs: dict, word: str) -> None:
     with pytest.raises(ValueError, match=word):
         plan_search(GPT2, labsim.dgx_a100(1), 32, **kwargs)

@@ -150,6 +150,12 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     Megatron-Core with Transformer Engine) and the TP group stays inside a node (beyond, the
     overlap hides nothing: ``StepCosts.tp_hidden``); ``tp_max`` caps tp (e.g. at a node's
     GPUs)."""
+    if fixed.get("microbatch_group") is not None:
+        raise ValueError(
+            "microbatch_group cannot be fixed for a search: it must lie between each "
+            "candidate's pp and micro-batch count, which the search varies (its interleaved "
+            "candidates run Megatron-LM's order); give it to one chosen Plan and compare with "
+            "labsim.estimate_step or simulate_step")
     # the widest TP group whose overlap the search varies (asked for explicitly: every one)
     overlap_tp_max = cluster.gpus_per_node if tp_comm_overlap is None else cluster.world_size
     if tp_comm_overlap is None:
