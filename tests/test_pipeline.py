@@ -371,3 +371,24 @@ def test_llama3_405b_balances_its_ends_by_counting_the_embedding_and_loss_as_lay
     assert published.step_s == pytest.approx(measured_s, rel=0.03)
     with pytest.raises(ValueError, match="counts the embedding as a layer"):
         balanced_ends("narayanan2021_t1_1.7B")
+
+
+def test_llama3s_groups_trade_hidden_sends_for_activations():
+    """Lab 11 section 11's second table: Megatron-Core accepts two groups for 32 micro-batches
+    on 16 stages (every N from 17 to 31 leaves a last group under 16); breadth-first (32) is
+    the faster, by under 2 %, and holds twice the layers on stage 0 and far over 80 GB;
+    depth-first (16) is the modelled run."""
+    from labsim.published import runs
+    from labsim.sim.pipeline import group_trade
+    from labsim.sim.step import simulate_step
+
+    depth, breadth = group_trade()
+    assert (depth.group, breadth.group) == (16, 32)
+    assert 0.97 * depth.step_s < breadth.step_s < depth.step_s
+    assert breadth.bubble < depth.bubble
+    assert (depth.layers_in_flight, breadth.layers_in_flight) == (112, 223)
+    assert breadth.memory_bytes > 150e9 and not breadth.fits
+    run = next(r for r in runs() if r.id == "meta2024_llama3_405b_8192gpu")
+    assert depth.step_s == simulate_step(run.model, run.cluster, run.plan).step_time_s
+    with pytest.raises(ValueError, match="interleaved schedule"):
+        group_trade("narayanan2021_t1_1.7B")

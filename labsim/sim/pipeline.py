@@ -273,3 +273,42 @@ def balanced_ends(run_id: str = "meta2024_llama3_405b_8192gpu") -> tuple[float, 
         rows.append(EndsRow(label, p.chunk_layers(m.layers), busiest, r.step_time_s,
                             r.bubble_fraction, c.flops[0], r.peak_memory_bytes, r.fits))
     return run.measured_step_s(), rows[0], rows[1]
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One micro-batch group of an interleaved run, simulated: the group N (the micro-batches
+    a stage runs through one chunk in a row), the step, its bubble, the first stage's peak
+    of (micro-batch, chunk) activations in layers' worth, and its memory."""
+
+    group: int
+    step_s: float
+    bubble: float
+    layers_in_flight: float
+    memory_bytes: float
+    fits: bool
+
+
+def group_trade(run_id: str = "meta2024_llama3_405b_8192gpu") -> tuple[GroupRow, ...]:
+    """Llama 3 405B's tunable schedule (Llama Team 2024, section 3.3.2: N micro-batches a
+    stage runs through one chunk in a row, "a sweet spot between DFS and BFS for the best
+    communication and memory efficiency"): the published run of ``labsim.published`` under
+    every group Megatron-Core accepts (``Plan.microbatch_group``, p to m), smallest first."""
+    from labsim.pipeline import group_problems, in_flight_peak
+
+    run = next((r for r in runs() if r.id == run_id), None)
+    if run is None or run.plan.schedule != "interleaved":
+        raise ValueError(f"run_id={run_id!r}: choose a published run with an interleaved "
+                         "schedule, e.g. 'meta2024_llama3_405b_8192gpu'")
+    model, cluster, plan = run.model, run.cluster, run.plan
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    first = plan.chunk_layers(model.layers)[0::p]
+    rows = []
+    for n in range(p, m + 1):
+        if group_problems(p, m, n):
+            continue
+        r = simulate_step(model, cluster, replace(plan, microbatch_group=n))
+        rows.append(GroupRow(n, r.step_time_s, r.bubble_fraction,
+                             in_flight_peak("interleaved", p, m, v, first, group=n),
+                             r.peak_memory_bytes, r.fits))
+    return tuple(rows)
