@@ -659,7 +659,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     per-micro-batch stage work ``W_s`` (forward + backward of its chunks,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
     sends' fill and drain, a send at every chunk boundary each way (interleaved, each of the
-    fill's v rounds waits for its p sends) (1F1B, interleaved: uniform stages give Narayanan
+    fill's v rounds waits for its p sends, less what a micro-batch group's N - p more
+    chunk-ops hide) (1F1B, interleaved: uniform stages give Narayanan
     et al.'s ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
     line (``_bucket_finish``); a stage's last chunk's buckets slow its last backward ops
@@ -746,7 +747,6 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     # whether stage 0 runs every forward first (Megatron-LM's order when m = p; Megatron-Core's
     # groups of N when its warm-up, 2 (p - 1) + (v - 1) N forwards, takes them all); the last
     # round of backwards, p ops of each chunk (groups of N: the last group, N or m % N)
-    group = plan.microbatch_group
     every_forward_first = (m == p if group is None
                            else v > 1 and 2 * (p - 1) + (v - 1) * group >= m * v)
     last_round = p if group is None else m % group or group

@@ -80,6 +80,23 @@ def test_the_embedding_and_the_loss_counted_as_layers_on_the_command_line(tmp_pa
     assert "embedding counted as a layer, loss counted as a layer" in capsys.readouterr().out
 
 
+def test_a_micro_batch_group_on_the_command_line(tmp_path, capsys):
+    config = {
+        "model": {"layers": 8, "hidden": 512, "heads": 8, "seq_len": 256, "vocab": 1000},
+        "cluster": {"preset": "dgx-a100", "nodes": 1},
+        "plan": {"dp": 2, "pp": 4, "schedule": "interleaved", "virtual_stages": 2,
+                 "global_batch": 24, "microbatch_group": 6},
+    }
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    assert main(["simulate", str(path)]) == 0
+    assert "(v=2, interleaved in groups of 6)" in capsys.readouterr().out
+    config["plan"]["microbatch_group"] = 5
+    path.write_text(json.dumps(config))
+    assert main(["simulate", str(path)]) == 2
+    assert "last group of 2, fewer than p=4" in capsys.readouterr().err
+
+
 def test_missing_file_exits_2(capsys):
     assert main(["simulate", "no/such/config.toml"]) == 2
     assert "not found" in capsys.readouterr().err

@@ -137,7 +137,9 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
     lines = [
         f"model    {model!r}",
         f"cluster  {cluster!r}",
-        f"plan     dp={p.dp} tp={p.tp} pp={p.pp} (v={p.virtual_stages}, {p.schedule}), "
+        f"plan     dp={p.dp} tp={p.tp} pp={p.pp} (v={p.virtual_stages}, {p.schedule}"
+        + (f" in groups of {p.microbatch_group}" if p.microbatch_group is not None else "")
+        + "), "
         f"micro-batch {p.micro_batch} x {p.microbatches} per replica, global batch "
         f"{p.global_batch}, ZeRO-{p.zero_stage}, recompute={p.recompute}, "
         f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}"
