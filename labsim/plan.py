@@ -169,6 +169,9 @@ class Plan:
                 f"the interleaved schedule needs the micro-batch count per replica "
                 f"({self.microbatches}) to be a multiple of pp={self.pp} (Megatron-LM's "
                 f"requirement); change global_batch or micro_batch"
+                + (f", or give microbatch_group (Megatron-Core's order, groups of {self.pp} to "
+                   f"{self.microbatches} micro-batches, the last group at least {self.pp})"
+                   if self.microbatches > self.pp else "")
             )
         if isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage!r}: choose 0, 1, 2 or 3")
