@@ -753,6 +753,27 @@ def test_a_micro_batch_group_in_both_faces(microbatches, group):
     assert smaller.peak_memory_bytes < est.peak_memory_bytes
 
 
+@pytest.mark.parametrize("microbatches, group", [(60, 8), (60, 12), (64, 16)])
+def test_a_long_grouped_schedule_is_one_and_two_groups_extended_in_a_line(microbatches, group):
+    """Past the evaluation budget a grouped schedule is evaluated at one and two groups, each
+    with the last group's rest (60 = 7 x 8 + 4: 12 and 20 micro-batches), and extended: the
+    same ends as the whole schedule evaluated op by op."""
+    import labsim.step
+    from labsim.step import _evaluated_schedule
+
+    plan = Plan(dp=2, tp=2, pp=4, schedule="interleaved", virtual_stages=2,
+                global_batch=2 * microbatches, microbatch_group=group,
+                software="megatron-core-te")
+    assert 2 * 4 * 2 * microbatches > labsim.step.SCHEDULE_OPS  # the line is used
+    c = step_costs(MID, labsim.dgx_h100(2), plan)
+    run = alone_schedule(c, make_schedule("interleaved", 4, microbatches, 2, group),
+                         trace=False)
+    ends, busy, compute_end = _evaluated_schedule(c)
+    assert max(ends) == pytest.approx(max(run.ends), rel=1e-9)
+    assert busy == pytest.approx(run.busy, rel=1e-9)
+    assert compute_end == pytest.approx(run.compute_end, rel=1e-9)
+
+
 def test_the_formula_hides_a_rounds_sends_behind_a_larger_group(monkeypatch):
     """Past the evaluation budget: with a group of N > p micro-batches a stage has N - p more
     chunk-ops to run while micro-batch 0 crosses the stages, so the fill and drain wait for
