@@ -167,11 +167,12 @@ def make_schedule(name: str, p: int, m: int, v: int = 1, group: int | None = Non
                   ) -> Schedule:
     """The schedule called ``name`` ("gpipe", "1f1b", "interleaved") for p stages, m
     micro-batches and v chunks per stage; ``group``: the interleaved schedule's micro-batch
-    group (``interleaved_one_f_one_b``).  A schedule is immutable data, so one asked for
-    again is the one built before (``_built``, forgotten by ``clear_cache``): a planner
-    evaluates the same few shapes for many plans."""
+    group (``interleaved_one_f_one_b``).  A schedule is immutable data, so a short one
+    (at most ``KEPT_OPS`` ops) asked for again is the one built before (``_built``, forgotten
+    by ``clear_cache``): a planner evaluates the same few short shapes for many plans
+    (``labsim.estimate_step`` evaluates at most 768 ops), while long ones would hold memory."""
     if (type(name) is str and type(p) is int and type(m) is int and type(v) is int
-            and (group is None or type(group) is int)):
+            and (group is None or type(group) is int) and 2 * p * m * v <= KEPT_OPS):
         return _built(name, p, m, v, group)
     return _build(name, p, m, v, group)  # its errors name what is wrong
 
@@ -194,6 +195,7 @@ def _build(name: str, p: int, m: int, v: int, group: int | None) -> Schedule:
     raise ValueError(f"unknown schedule {name!r}; choose 'gpipe', '1f1b' or 'interleaved'")
 
 
+KEPT_OPS = 4096  # the longest schedule make_schedule keeps (256 of them: at most ~8 MB)
 _built = lru_cache(maxsize=256)(_build)
 
 

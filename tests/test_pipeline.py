@@ -280,7 +280,8 @@ def test_interleaved_needs_m_multiple_of_p():
 def test_a_schedule_asked_again_is_the_one_built_and_bad_counts_still_fail():
     """``make_schedule`` keeps what it built (a planner asks the same shapes again), by the
     exact types asked: a count that only compares equal to a kept one (2.0, a numpy integer)
-    is still checked and refused, and ``clear_cache`` forgets."""
+    is still checked and refused, and ``clear_cache`` forgets.  A long schedule is not kept
+    (memory)."""
     import numpy as np
 
     from labsim.pipeline import clear_cache
@@ -300,6 +301,8 @@ def test_a_schedule_asked_again_is_the_one_built_and_bad_counts_still_fail():
     clear_cache()
     again = make_schedule("interleaved", 2, 4, 2)
     assert again is not first and again == first
+    long = make_schedule("1f1b", 64, 64)  # 8,192 ops: built afresh, not kept
+    assert make_schedule("1f1b", 64, 64) is not long and make_schedule("1f1b", 64, 64) == long
 
 
 @pytest.mark.parametrize("name, p, m, v", CASES)
