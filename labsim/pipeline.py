@@ -195,8 +195,8 @@ def _build(name: str, p: int, m: int, v: int, group: int | None) -> Schedule:
     raise ValueError(f"unknown schedule {name!r}; choose 'gpipe', '1f1b' or 'interleaved'")
 
 
-KEPT_OPS = 4096  # the longest schedule make_schedule keeps (256 of them: at most ~8 MB)
-_built = lru_cache(maxsize=256)(_build)
+KEPT_OPS = 1024  # the longest schedule make_schedule keeps (128 of them: at most ~11 MB)
+_built = lru_cache(maxsize=128)(_build)
 
 
 def max_in_flight(ops: tuple[Op, ...], weights: Sequence[float] | None = None) -> float:
