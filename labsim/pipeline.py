@@ -107,12 +107,10 @@ def interleaved_one_f_one_b(p: int, m: int, v: int, group: int | None = None) ->
     and more than p micro-batches it is the order above."""
     _check(p, m, v)
     total = m * v
+    warmups = [interleaved_warmup(p, m, v, s, group) for s in range(p)]
     if group is not None:
-        problem = group_problems(p, m, group)
-        if problem:
-            raise ValueError(problem)
+        _check_group("interleaved", p, m, group)
         table = _group_table(m, v, group)
-        warmups = [min((p - s - 1) * 2 + (v - 1) * group, total) for s in range(p)]
         return _warmup_steady_cooldown(p, [Op("F", mb, c) for mb, c in table],
                                        [Op("B", mb, v - 1 - c) for mb, c in table], warmups)
     if m % p:
@@ -124,14 +122,30 @@ def interleaved_one_f_one_b(p: int, m: int, v: int, group: int | None = None) ->
     def backward_op(k: int) -> Op:  # backwards visit the chunks in reverse order
         return Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
 
-    # Megatron-LM: with m == p every forward goes first (no steady state); Megatron-Core's
-    # tunable schedule (November 2024, ``microbatch_group_size_per_vp_stage``: ``group``) and
-    # PyTorch's ScheduleInterleaved1F1B dropped that case, so their later stages start 1F1B
-    # sooner
-    warmups = [total if m == p else min((p - s - 1) * 2 + (v - 1) * p, total)
-               for s in range(p)]
     return _warmup_steady_cooldown(p, [forward_op(k) for k in range(total)],
                                    [backward_op(k) for k in range(total)], warmups)
+
+
+def interleaved_warmup(p: int, m: int, v: int, stage: int, group: int | None = None) -> int:
+    """Forwards stage ``stage`` of the interleaved schedule runs before its first backward:
+    ``2 (p - s - 1) + (v - 1) N``, at most all m v (N = p in Megatron-LM's order, where with
+    m == p every forward goes first; Megatron-Core's tunable schedule, November 2024,
+    ``get_pp_rank_microbatches``, and PyTorch's ScheduleInterleaved1F1B dropped that case, so
+    their later stages start 1F1B sooner)."""
+    total = m * v
+    if group is None and m == p:
+        return total
+    return min((p - stage - 1) * 2 + (v - 1) * (p if group is None else group), total)
+
+
+def _check_group(name: str, p: int, m: int, group: object) -> None:
+    """ValueError naming what is wrong with ``group`` for schedule ``name`` (see
+    ``group_problems``; a schedule other than the interleaved one has no group)."""
+    problem = (group_problems(p, m, group) if name == "interleaved" else
+               f"group={group!r} is the interleaved schedule's micro-batch group; {name!r} "
+               "has none: leave it None")
+    if problem:
+        raise ValueError(problem)
 
 
 def group_problems(p: int, m: int, group: object) -> str:
@@ -184,8 +198,7 @@ def clear_cache() -> None:
 
 def _build(name: str, p: int, m: int, v: int, group: int | None) -> Schedule:
     if group is not None and name != "interleaved":
-        raise ValueError(f"group={group!r} is the interleaved schedule's micro-batch group; "
-                         f"{name!r} has none: leave it None")
+        _check_group(name, p, m, group)
     if name == "gpipe":
         return gpipe(p, m)
     if name == "1f1b":
@@ -431,10 +444,7 @@ def in_flight_peak(name: str, p: int, m: int, v: int = 1,
     interleaved order walked without building its ops."""
     _check(p, m, v)
     if group is not None:
-        problem = group_problems(p, m, group) if name == "interleaved" else (
-            f"group={group!r}: {name!r} has no micro-batch group")
-        if problem:
-            raise ValueError(problem)
+        _check_group(name, p, m, group)
     if weights is not None and (name != "interleaved" or len(set(weights)) == 1):
         return weights[0] * in_flight_peak(name, p, m, v, group=group)  # one weight counts
     if name == "gpipe":
@@ -442,10 +452,7 @@ def in_flight_peak(name: str, p: int, m: int, v: int = 1,
     if name == "1f1b":
         return min(p, m)
     total = m * v
-    if group is None:
-        warmup = total if m == p else min((p - 1) * 2 + (v - 1) * p, total)
-    else:
-        warmup = min((p - 1) * 2 + (v - 1) * group, total)
+    warmup = interleaved_warmup(p, m, v, 0, group)
     if weights is None:
         return warmup + 1 if warmup < total else total
     # interleaved_one_f_one_b's stage 0: forward k runs chunk (k // p) % v (in groups of N:

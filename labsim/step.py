@@ -676,7 +676,7 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     layer that gathers nothing slows the reduces in flight by its TP bytes.
     """
     from labsim.memory import step_memory
-    from labsim.pipeline import in_flight_peak
+    from labsim.pipeline import in_flight_peak, interleaved_warmup
     from labsim.uncontended import bucket_growth
 
     c = step_costs(model, cluster, plan)
@@ -718,17 +718,20 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
     stage_b = [sum(bwd[s::p]) for s in range(p)]
     comm = 0.0 if blocking else sum(send_f[:n_chunks - 1]) + sum(send_b[1:n_chunks])
+    # Megatron-LM's rounds of p micro-batches; Megatron-Core's groups of N, the last group the
+    # rest (N or m % N): the last round of backwards, p or last_round ops of each chunk
     group = plan.microbatch_group
+    last_round = p if group is None else m % group or group
     if group is not None and v > 1 and not blocking:
         # a group of N > p micro-batches hides a round's sends behind N - p more chunk-ops: in
         # the fill, stage 0 runs N forwards of chunk j while micro-batch 0 crosses the p
         # stages (p forwards, p sends) to come back for chunk j + 1; in the drain, the last
         # stage runs the last group's backwards of chunk j while the gradient crosses back
-        last = m % group or group
         for j in range(v - 1):
             comm -= min(sum(send_f[j * p:(j + 1) * p]), (group - p) * fwd[j * p])
             k = v - 1 - j  # the last stage's local chunk, from the last
-            comm -= min(sum(send_b[k * p:(k + 1) * p]), (last - p) * bwd[k * p + p - 1])
+            comm -= min(sum(send_b[k * p:(k + 1) * p]),
+                        (last_round - p) * bwd[k * p + p - 1])
     if plan.schedule == "gpipe":
         pipe = (sum(stage_f) + (m - 1) * max(stage_f) + sum(stage_b)
                 + (m - 1) * max(stage_b) + comm)
@@ -745,11 +748,8 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
     drain = 0.0
     # whether stage 0 runs every forward first (Megatron-LM's order when m = p; Megatron-Core's
-    # groups of N when its warm-up, 2 (p - 1) + (v - 1) N forwards, takes them all); the last
-    # round of backwards, p ops of each chunk (groups of N: the last group, N or m % N)
-    every_forward_first = (m == p if group is None
-                           else v > 1 and 2 * (p - 1) + (v - 1) * group >= m * v)
-    last_round = p if group is None else m % group or group
+    # groups of N when its warm-up, 2 (p - 1) + (v - 1) N forwards, takes them all)
+    every_forward_first = v > 1 and interleaved_warmup(p, m, v, 0, group) == m * v
     zero2 = plan.zero_stage == 2
     stages = []
     growth = None  # chunk -> growths of TP and buckets beside each other, when first needed

@@ -21,7 +21,7 @@ from functools import cached_property
 
 import simpy
 
-from labsim.pipeline import Op, make_schedule, max_in_flight
+from labsim.pipeline import Op, group_problems, in_flight_peak, make_schedule, max_in_flight
 from labsim.published import runs
 from labsim.sim.step import simulate_step
 from labsim.trace import Span, Trace
@@ -294,8 +294,6 @@ def group_trade(run_id: str = "meta2024_llama3_405b_8192gpu") -> tuple[GroupRow,
     stage runs through one chunk in a row, "a sweet spot between DFS and BFS for the best
     communication and memory efficiency"): the published run of ``labsim.published`` under
     every group Megatron-Core accepts (``Plan.microbatch_group``, p to m), smallest first."""
-    from labsim.pipeline import group_problems, in_flight_peak
-
     run = next((r for r in runs() if r.id == run_id), None)
     if run is None or run.plan.schedule != "interleaved":
         raise ValueError(f"run_id={run_id!r}: choose a published run with an interleaved "
