@@ -509,6 +509,28 @@ def _gradient_lifetimes_gb(run, prof) -> float:
     return (whole.params + whole.grads / plan.dp + whole.optimizer + peak) / 1e9
 
 
+def _norm_outputs_only_gb(run, prof) -> float:
+    """The first stage's memory (GB) if each layer's two RMSNorms kept their outputs for
+    backward, not their inputs (an RMSNorm's input gradient can be computed from its output
+    and 1 / rms, as Apex's ``FusedRMSNorm(memory_efficient=True)`` does), so that nothing
+    keeps the residual stream: what "we proactively deallocate ... the input and output
+    tensors of each pipeline stage" (Llama 3, section 3.3.2) needs of the stage's input, which
+    is its first norm's.  Everything else as ``step_memory`` counts it; 16-bit activations."""
+    from labsim.pipeline import in_flight_peak
+
+    model, plan = run.model, run.plan
+    if plan.recompute != "none":
+        raise ValueError(f"{run.id}: recompute={plan.recompute!r}; the count is of a run "
+                         "without recomputation")
+    res = simulate_step(model, run.cluster, replace(plan, software=prof))
+    p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
+    held = in_flight_peak(plan.schedule, p, m, v, plan.chunk_layers(model.layers)[0::p],
+                          group=plan.microbatch_group)  # layers' worth at the peak
+    shard = plan.tp if plan.sequence_parallel else 1
+    norm_inputs = 2 * 2 * model.seq_len * plan.micro_batch * model.hidden / shard
+    return (res.memory.total - held * norm_inputs) / 1e9
+
+
 def llama3_variants() -> None:
     """Llama 3 405B's two layouts: the first stage's memory (GB of 80) and the step error as
     the model counts them, and under what the paper may have done that the model does not
@@ -538,6 +560,8 @@ def llama3_variants() -> None:
     row("gradients reduce-scattered every micro-batch (ZeRO-2)", cells(generic, True))
     row("each chunk's gradient from its first backward to its last",
         [(_gradient_lifetimes_gb(r, generic), e) for r, (_, e) in zip(members, kept)])
+    row("norms keep their outputs, not their inputs",
+        [(_norm_outputs_only_gb(r, generic), e) for r, (_, e) in zip(members, kept)])
 
 
 def main() -> None:

@@ -1586,15 +1586,23 @@ def test_llama3_405b_memory_under_the_readings_docs_weigh():
     """docs/step.md section 3 (``benchmarks/step.py --variants``): a fused SwiGLU would make
     both layouts fit (78.6 / 78.3 GB); each chunk's fp32 gradient alive only from its first
     backward to its last fits the 16K-GPU layout (one round of backwards per chunk, 80.0 GB)
-    and not the 8K one (two rounds keep all eight alive, 91.0 GB)."""
+    and not the 8K one (two rounds keep all eight alive, 91.0 GB); norms that keep their
+    outputs, not their inputs, fit neither (two 16-bit sbh / tp tensors fewer for each of the
+    112 layers held at the peak: 7.5 GB less, 83.3 / 83.0 GB)."""
     bench = load_benchmark("step")
     generic = PROFILES["generic"]
-    for run_id, fused, walked in ((MEMORY_MISSES[0], 78.6, 91.0), (MEMORY_MISSES[1], 78.3, 80.0)):
+    for run_id, fused, walked, norms in ((MEMORY_MISSES[0], 78.6, 91.0, 83.3),
+                                         (MEMORY_MISSES[1], 78.3, 80.0, 83.0)):
         run = next(r for r in runs() if r.id == run_id)
         plan = replace(run.plan, software=replace(generic, swiglu_fused=True))
         assert estimate_step(run.model, run.cluster, plan).memory.total / 1e9 == \
             pytest.approx(fused, abs=0.05)
         assert bench._gradient_lifetimes_gb(run, generic) == pytest.approx(walked, abs=0.05)
+        kept = estimate_step(run.model, run.cluster, run.plan).memory.total
+        sbh = run.model.seq_len * run.plan.micro_batch * run.model.hidden
+        assert kept / 1e9 - bench._norm_outputs_only_gb(run, generic) == pytest.approx(
+            112 * 2 * 2 * sbh / run.plan.tp / 1e9)
+        assert bench._norm_outputs_only_gb(run, generic) == pytest.approx(norms, abs=0.05)
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
