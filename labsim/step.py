@@ -660,7 +660,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     with blocking sends included): ``(m - 1/v) max W_s + sum W_s / v`` plus the pipeline
     sends' fill and drain, a send at every chunk boundary each way (interleaved, each of the
     fill's v rounds waits for its p sends, less what a micro-batch group's N - p more
-    chunk-ops hide) (1F1B, interleaved: uniform stages give Narayanan
+    chunk-ops hide; a group longer than p runs the first group's forwards and the last
+    group's backwards of every chunk but the last at the slowest stage's pace for that chunk)
+    (1F1B, interleaved: uniform stages give Narayanan
     et al.'s ``(m + (p-1)/v)(t_f + t_b)``); GPipe: forward and backward phases each
     ``sum + (m-1) max``.  Gradient buckets: the later of the stream's backlog and the ready
     line (``_bucket_finish``); a stage's last chunk's buckets slow its last backward ops
@@ -745,6 +747,17 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
             w = BUBBLE_WEIGHT
             bubble = ((1 - w) * (sum(work) - max(work)) + w * (p - 1) * max(work)) / v
             pipe = m * max(work) + bubble + comm
+            if group is not None:
+                # a group longer than p runs each chunk's forwards, then its backwards, in
+                # runs longer than the pipeline is deep: the first group's forwards of every
+                # chunk but the last go at the slowest stage's forward, and the last group's
+                # backwards of those chunks at the slowest stage's backward, where the
+                # formula above has the bottleneck stage's
+                star = work.index(max(work))
+                for j in range(v - 1):
+                    f_j, b_j = fwd[j * p:(j + 1) * p], bwd[j * p:(j + 1) * p]
+                    pipe += ((group - p) * (max(f_j) - f_j[star])
+                             + (last_round - p) * (max(b_j) - b_j[star]))
     busy = [m * (a + b) for a, b in zip(stage_f, stage_b)]
     drain = 0.0
     # whether stage 0 runs every forward first (Megatron-LM's order when m = p; Megatron-Core's
