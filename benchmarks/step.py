@@ -515,20 +515,22 @@ def _norm_outputs_only_gb(run, prof) -> float:
     and 1 / rms, as Apex's ``FusedRMSNorm(memory_efficient=True)`` does), so that nothing
     keeps the residual stream: what "we proactively deallocate ... the input and output
     tensors of each pipeline stage" (Llama 3, section 3.3.2) needs of the stage's input, which
-    is its first norm's.  Everything else as ``step_memory`` counts it; 16-bit activations."""
+    is its first norm's.  Everything else as ``step_memory`` counts it."""
     from labsim.pipeline import in_flight_peak
+    from labsim.precision import training_precision
 
     model, plan = run.model, run.plan
     if plan.recompute != "none":
         raise ValueError(f"{run.id}: recompute={plan.recompute!r}; the count is of a run "
                          "without recomputation")
-    res = simulate_step(model, run.cluster, replace(plan, software=prof))
+    kept = labsim.estimate_step(model, run.cluster, replace(plan, software=prof)).memory
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     held = in_flight_peak(plan.schedule, p, m, v, plan.chunk_layers(model.layers)[0::p],
                           group=plan.microbatch_group)  # layers' worth at the peak
     shard = plan.tp if plan.sequence_parallel else 1
-    norm_inputs = 2 * 2 * model.seq_len * plan.micro_batch * model.hidden / shard
-    return (res.memory.total - held * norm_inputs) / 1e9
+    norm_inputs = (2 * training_precision(plan.numerics).activation_bytes
+                   * model.seq_len * plan.micro_batch * model.hidden / shard)
+    return (kept.total - held * norm_inputs) / 1e9
 
 
 def llama3_variants() -> None:
