@@ -690,16 +690,21 @@ def test_the_closed_form_on_interleaved_rounds_that_wait_for_their_sends(
                                                     global_batch=16 * 400, zero_stage=2,
                                                     bucket_bytes=4e6)),
 ], ids=["interleaved", "1f1b", "gpipe", "zero2"])
-def test_a_long_schedule_is_two_short_ones_extended_in_a_line(case):
-    # past its fill a pipeline's makespan grows by a fixed pace per micro-batch, so the
-    # closed form evaluates p and 2p micro-batches and extends the line to m
+def test_a_long_schedule_is_a_short_one_extended_at_its_pace(case):
+    # past its fill a pipeline's makespan grows by a fixed pace per micro-batch: in 1F1B and
+    # interleaved 1F1B, with no send longer than an op, the slowest stage's; the closed form
+    # evaluates p micro-batches and extends them at that pace.  GPipe's pace and ZeRO-2's
+    # (buckets every micro-batch) come from p and 2 p micro-batches, extended in a line.
     import labsim.step
-    from labsim.step import _evaluated_schedule
+    from labsim.step import _evaluated_schedule, _stage_paces
 
     model, cluster, plan = case
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    assert 2 * p * v * m > labsim.step.SCHEDULE_OPS >= 6 * p * p * v  # the line is used
+    assert 2 * p * v * m > labsim.step.SCHEDULE_OPS >= 6 * p * p * v  # not evaluated whole
     c = step_costs(model, cluster, plan)
+    # one run at the slowest stage's pace: the 1F1B case; the interleaved one's sends between
+    # boxes are longer than a forward (``_slow_sends_plan``), so it takes two runs too
+    assert (_stage_paces(c) is None) == (plan.schedule != "1f1b" or plan.zero_stage == 2)
     run = alone_schedule(c, make_schedule(plan.schedule, p, m, v), trace=False)
     ends, busy, compute_end = _evaluated_schedule(c)
     assert max(ends) == pytest.approx(max(run.ends), rel=0.003)
@@ -707,6 +712,36 @@ def test_a_long_schedule_is_two_short_ones_extended_in_a_line(case):
     assert compute_end == pytest.approx(run.compute_end, rel=0.003)
     assert max(ends) > 1.5 * max(alone_schedule(c, make_schedule(plan.schedule, p, 2 * p, v),
                                                 trace=False).ends)
+
+
+def test_a_send_longer_than_an_op_leaves_the_pace_to_two_runs():
+    """A 256-wide model on two PCIe boxes: a 64 us send between boxes and a 13 us forward.
+    The micro-batch's round trip through the stages, not the slowest stage, sets the pace,
+    so the closed form takes two runs (p and 2 p micro-batches) and their line, the whole
+    schedule's ends to 1e-9; the slowest stage's pace from one run would be 6.8 % fast.  On a
+    2,048-wide model the sends are shorter than every op and one run at that pace is the
+    whole schedule's ends within 0.01 %."""
+    from labsim.step import _evaluated_schedule, _op_time, _stage_paces
+
+    tiny = labsim.Transformer(layers=16, hidden=256, heads=4, seq_len=512, vocab=32000)
+    for model, within in ((tiny, 1e-9), (MID, 1e-4)):
+        plan = Plan(dp=2, pp=8, micro_batch=1, global_batch=2 * 64, schedule="interleaved",
+                    virtual_stages=2, software="megatron-core-te")
+        c = step_costs(model, labsim.pcie_box(2), plan)
+        whole = alone_schedule(c, make_schedule("interleaved", 8, 64, 2), trace=False)
+        ends, busy, compute_end = _evaluated_schedule(c)
+        assert max(ends) == pytest.approx(max(whole.ends), rel=within)
+        assert busy == pytest.approx(whole.busy, rel=1e-9)
+        assert compute_end == pytest.approx(whole.compute_end, rel=within)
+        assert (_stage_paces(c) is None) == (model is tiny)
+    c = step_costs(tiny, labsim.pcie_box(2), plan)
+    own = [0.0] * 8
+    for g, ch in enumerate(c.chunks):
+        own[g % 8] += (_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, c.tp_hidden)
+                       + _op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, c.tp_hidden))
+    one = max(alone_schedule(c, make_schedule("interleaved", 8, 8, 2), trace=False).ends)
+    whole = max(alone_schedule(c, make_schedule("interleaved", 8, 64, 2), trace=False).ends)
+    assert (one + 56 * max(own)) / whole - 1 == pytest.approx(-0.068, abs=0.002)
 
 
 def test_a_micro_batch_group_of_p_is_megatron_lms_order_past_one_round():
