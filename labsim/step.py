@@ -590,21 +590,35 @@ def _stage_paces(c: StepCosts) -> tuple[list[float], list[float]] | None:
     plan = c.plan
     if plan.schedule == "gpipe" or plan.zero_stage == 2:
         return None
-    p, h = plan.pp, c.tp_hidden
-    n_chunks = p * plan.virtual_stages
-    blocking = c.software.blocking_p2p
-    own, sends, ops = [0.0] * p, [0.0] * p, []
-    for g, ch in enumerate(c.chunks):
-        for op_s, nxt in ((_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h), g + 1),
-                          (_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h), g - 1)):
-            own[g % p] += op_s
-            ops.append(op_s)
-            send = c.p2p.get((g % p, nxt % p)) if 0 <= nxt < n_chunks else None
-            if send is not None and blocking:
-                sends[g % p] += send.alone_s
-    if any(send.alone_s > min(ops) for send in c.p2p.values()):
+    p = plan.pp
+    op_f, op_b, send_f, send_b = _chunk_times(c)
+    if any(send.alone_s > min(op_f + op_b) for send in c.p2p.values()):
         return None
+    own, sends = [0.0] * p, [0.0] * p
+    for g in range(len(op_f)):  # stage s holds chunks s, s + p, ...
+        own[g % p] += op_f[g]
+        own[g % p] += op_b[g]
+        sends[g % p] += send_f[g]
+        sends[g % p] += send_b[g]
+    if not c.software.blocking_p2p:
+        sends = [0.0] * p
     return [a + b for a, b in zip(own, sends)], own
+
+
+def _chunk_times(c: StepCosts) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per model chunk: its forward and its backward alone (``_op_time``), and the sends that
+    carry their outputs to the next chunk and back to the one before, alone (0: none)."""
+    p, h = c.plan.pp, c.tp_hidden
+    n_chunks = len(c.chunks)
+    op_f, op_b, send_f, send_b = [], [], [], []
+    for g, ch in enumerate(c.chunks):
+        sf = c.p2p.get((g % p, (g + 1) % p)) if g < n_chunks - 1 else None
+        sb = c.p2p.get((g % p, (g - 1) % p)) if g > 0 else None
+        send_f.append(sf.alone_s if sf is not None else 0.0)
+        send_b.append(sb.alone_s if sb is not None else 0.0)
+        op_f.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h))
+        op_b.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h))
+    return op_f, op_b, send_f, send_b
 
 
 def _line(x1: float, x2: float, m1: int, m2: int, m: int) -> float:
@@ -747,15 +761,9 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
         step = _zero3_estimate(c, h) + c.optimizer_s[0]
         per_mb = (step - c.optimizer_s[0]) / m
         return result_from(c, step, [per_mb * m], step - c.optimizer_s[0], mem, None)
-    fwd, bwd, send_f, send_b = [], [], [], []
-    for g, ch in enumerate(c.chunks):
-        sf = c.p2p.get((g % p, (g + 1) % p)) if g < n_chunks - 1 else None
-        sb = c.p2p.get((g % p, (g - 1) % p)) if g > 0 else None
-        send_f.append(sf.alone_s if sf is not None else 0.0)
-        send_b.append(sb.alone_s if sb is not None else 0.0)
-        fwd.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h) + (send_f[-1] if blocking else 0))
-        bwd.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h)
-                   + (send_b[-1] if blocking else 0))
+    op_f, op_b, send_f, send_b = _chunk_times(c)
+    fwd = [t + (x if blocking else 0) for t, x in zip(op_f, send_f)]
+    bwd = [t + (x if blocking else 0) for t, x in zip(op_b, send_b)]
     stage_f = [sum(fwd[s::p]) for s in range(p)]  # stage s holds chunks s, s + p, ...
     stage_b = [sum(bwd[s::p]) for s in range(p)]
     comm = 0.0 if blocking else sum(send_f[:n_chunks - 1]) + sum(send_b[1:n_chunks])
