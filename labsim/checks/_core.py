@@ -31,7 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from labsim.checks import _plain
-from labsim.checks._observe import passed_references, watch
+from labsim.checks._observe import (
+    ELSEWHERE_ALLOWANCE_S,
+    LEAVES_TORCH,
+    passed_references,
+    watch,
+)
 
 SUMMARY_RE = re.compile(
     r"(?P<status>PASS|FAIL) (?P<title>[\w.\-]+): "
@@ -147,7 +152,8 @@ def call_each(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Sp
     """The default driver: ``fns[0](*case.args, **case.kwargs)`` for each case, watched."""
     outcomes = []
     for case in cases:
-        with watch(spec.forbid, ops=spec.ops, functions=spec.names) as seen:
+        with watch(spec.forbid, ops=spec.ops, functions=spec.names or spec.torch_only,
+                   processes=spec.processes) as seen:
             try:
                 value = fns[0](*case.args, **dict(case.kwargs))
             except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
@@ -193,8 +199,17 @@ class Spec:
     the check takes) on them; ``compare`` is the default comparison; ``rules`` each return a
     reason when an outcome took a forbidden shortcut; ``forbid`` lists the references
     (``"module:qualname"``) the learner's code must not call while it runs; ``ops`` turns the
-    dispatcher recorder on, ``names`` the log of torch function names.  A rule broken (or a
-    reference called) on any case fails every case: a shortcut earns nothing.
+    dispatcher recorder on, ``names`` the log of torch function names.  ``torch_only``: the
+    rules read torch's operators, so moving tensor data out of torch (to numpy, Python lists
+    or raw pointers) breaks a rule; ``processes``: the function may start processes (a
+    DataLoader's workers); ``gives``: library code the driver runs in the learner's process
+    (a tool handed to the learner, or what sets the case up): a graded run withholds the
+    labsim references of ``forbid`` (``labsim.course.withhold``) except these, which the
+    checks that forbid them then watch for.  Every check also holds the rules of
+    ``outside_rule``: the work happens in the learner's function, on its thread, with nothing
+    the graded run refuses.
+    A rule broken (or a reference called) on any case fails every case: a shortcut earns
+    nothing.
     """
 
     title: str
@@ -206,6 +221,9 @@ class Spec:
     functions: int = 1
     ops: bool = True
     names: bool = False
+    torch_only: bool = False
+    processes: bool = False
+    gives: tuple[str, ...] = ()
 
     def cases(self) -> list[Case]:
         cases = list(self.build())
@@ -302,7 +320,44 @@ class Hidden:
                     rules=like.rules if like else (),
                     forbid=(like.forbid if like else ()) + tuple(self.forbid),
                     functions=len(self.function_names), ops=like.ops if like else True,
-                    names=like.names if like else False)
+                    names=like.names if like else False,
+                    torch_only=like.torch_only if like else False,
+                    processes=like.processes if like else False,
+                    gives=like.gives if like else ())
+
+
+def outside_rule(spec: Spec, out: Outcome) -> str | None:
+    """The rules every check holds, from what ``watch`` saw outside the learner's operators:
+    nothing the graded run's guard refused, no thread left running, no work on other threads
+    (more CPU than ``ELSEWHERE_ALLOWANCE_S`` plus 5 % of the function's own), and, for a
+    ``torch_only`` check, no tensor data handed to numpy, lists or pointers."""
+    obs = out.observed if isinstance(out.observed, Mapping) else {}
+    refused = obs.get("refused")
+    if refused:
+        return (f"it tried {', '.join(map(str, list(refused)[:3]))}, which a graded run "
+                "refuses to notebook code")
+    started = obs.get("threads_started")
+    if started:
+        return (f"it started threads ({', '.join(map(str, list(started)[:3]))}): the check "
+                "sees only your function's own thread, so do the work there")
+    left = obs.get("threads_left")
+    if left:
+        return (f"it left threads running ({', '.join(map(str, list(left)[:3]))}): the check "
+                "sees only your function's own thread, so do the work there (or join your "
+                "threads before it returns)")
+    elsewhere, own = obs.get("elsewhere_cpu_s"), obs.get("cpu_s", 0.0)
+    if (isinstance(elsewhere, (int, float)) and isinstance(own, (int, float))
+            and elsewhere > ELSEWHERE_ALLOWANCE_S + 0.05 * own):
+        return (f"{elsewhere * 1e3:.0f} ms of CPU ran on other threads while it ran "
+                f"({own * 1e3:.0f} ms on its own): the check sees only your function's own "
+                "thread, so do the work there")
+    if spec.torch_only:
+        left_torch = sorted(set(obs.get("functions") or ()) & LEAVES_TORCH)
+        if left_torch:
+            return (f"it moved tensor data out of torch (`Tensor.{left_torch[0]}`): this "
+                    "exercise's rules are checked on torch's operators, so write it with "
+                    "torch tensors")
+    return None
 
 
 def _error_reason(case: Case, out: Outcome) -> str | None:
@@ -315,6 +370,8 @@ def _error_reason(case: Case, out: Outcome) -> str | None:
         return f"expected {expects.__name__} to be raised, got {out.error}"
     if out.error == "NotImplementedError":
         return NOT_DONE
+    if out.error == "NotebookBusy":  # the collector's own refusal to run beside other work
+        return "the check did not run: " + out.message
     message = out.message.splitlines()[0] if out.message else ""
     return f"raised {out.error}" + (f": {message}" if message else "")
 
@@ -329,17 +386,26 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
     for case, out in zip(cases, outcomes, strict=True):
         refs = out.observed.get("references") if isinstance(out.observed, Mapping) else None
         reason: str | None = None
-        if refs:
+        withheld = "ReferenceWithheld" in out.error_types
+        if refs or withheld:
+            names = list(refs or [])[:3] or [out.message.split(" is withheld", 1)[0][:100]]
             reason = ("calls labsim's own reference "
-                      + ", ".join(f"`{r}`" for r in list(refs)[:3])
+                      + ", ".join(f"`{r}`" for r in names)
                       + ": write the exercise yourself")
-        elif out.error:
-            reason = _error_reason(case, out)
-            errors += out.error == "NotImplementedError"
         else:
-            expects = getattr(case.compare, "expects_exception", None)
-            if expects is not None:
-                reason = f"expected {expects.__name__} to be raised, got a value"
+            try:
+                outside = outside_rule(spec, out)
+            except Exception as exc:  # noqa: BLE001 - malformed observations fail the case
+                outside = f"its observations could not be read ({type(exc).__name__})"
+            if outside is not None:
+                reason = "breaks a rule of this exercise: " + outside
+            elif out.error:
+                reason = _error_reason(case, out)
+                errors += out.error == "NotImplementedError"
+            else:
+                expects = getattr(case.compare, "expects_exception", None)
+                if expects is not None:
+                    reason = f"expected {expects.__name__} to be raised, got a value"
         if reason is None and not out.error:
             for rule in spec.rules:
                 try:
@@ -359,8 +425,9 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
             passed += 1
             continue
         reasons.append((case, reason))
-        if reason.startswith(("calls labsim", "breaks a rule")) and reason not in broken:
-            broken.append(reason)
+        if reason.startswith(("calls labsim", "breaks a rule")) and _rule_key(reason) not in {
+                _rule_key(b) for b in broken}:
+            broken.append(reason)  # one per rule: the cases' numbers and lists differ
         if first is None:
             first = (case.name, reason)
     if broken:  # a shortcut on one case voids the others: they may pass by the same shortcut
@@ -368,6 +435,12 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
         first = next((c.name, r) for c, r in reasons if r in broken)
     return Verdict(spec.title, passed, len(cases), first,
                    not_done=passed == 0 and errors == len(cases), broken=tuple(broken))
+
+
+def _rule_key(reason: str) -> str:
+    """A broken rule's reason without what differs from case to case (numbers, the lists in
+    parentheses): one review flag per rule."""
+    return re.sub(r"\([^)]*\)|`[^`]*`|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", reason)
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -480,5 +553,5 @@ def run_check(title: str, fn: Callable[..., Any], cases: Sequence[Case], *,
 
 
 __all__ = ["SUMMARY_RE", "Case", "CheckFailed", "ExerciseNotDone", "Hidden", "Outcome", "Spec",
-           "Verdict", "call_each", "close", "equal", "judge", "plain_outcome", "raises",
-           "run_check"]
+           "Verdict", "call_each", "close", "equal", "judge", "outside_rule", "plain_outcome",
+           "raises", "run_check"]

@@ -86,7 +86,7 @@ def _codes_of(obj: Any, owner: type | None = None) -> list[CodeType]:
     return []
 
 
-def _expand(target: str) -> list[str]:
+def expand(target: str) -> list[str]:
     """``"module:*"`` -> every public function and class defined in ``module``."""
     module, _, qual = target.partition(":")
     if qual != "*":
@@ -104,7 +104,7 @@ def reference_codes(targets: Sequence[str]) -> dict[CodeType, str]:
     classes -- every method they define --, methods and properties; ``"module:*"`` is every
     public function and class the module defines)."""
     codes: dict[CodeType, str] = {}
-    for target in (t for raw in targets for t in _expand(raw)):
+    for target in (t for raw in targets for t in expand(raw)):
         module, _, qual = target.partition(":")
         shown = f"{module}.{qual}"
         for code in _codes_of(_resolve(target)):
@@ -119,7 +119,7 @@ def passed_references(fns: Sequence[Any], targets: Sequence[str]) -> list[str]:
         return []
     codes = reference_codes(targets)
     classes = {id(_resolve(t)): f"{t.replace(':', '.')}" for raw in targets
-               for t in _expand(raw) if isinstance(_resolve(t), type)}
+               for t in expand(raw) if isinstance(_resolve(t), type)}
     hits: list[str] = []
     for fn in fns:
         found = [codes[c] for c in _codes_of(fn) if c in codes]
@@ -132,16 +132,34 @@ def passed_references(fns: Sequence[Any], targets: Sequence[str]) -> list[str]:
 
 
 class Tripwire:
-    """Record calls of ``codes`` made from untrusted code while the block runs (see module)."""
+    """Record calls of ``codes`` made from untrusted code while the block runs (see module).
 
-    def __init__(self, codes: dict[CodeType, str]) -> None:
+    ``strict`` (graded runs): every call counts, whoever makes it -- in a graded run the
+    references a check forbids are withheld, and those still present are tools another check
+    hands to the learner, which nothing in this check's own code calls; a call of one made
+    by library code (the driver calling a method of an object the learner's code built in
+    another thread) is the learner's doing."""
+
+    def __init__(self, codes: dict[CodeType, str], strict: bool = False,
+                 threads: bool = False) -> None:
         self.codes = codes
+        self.strict = strict
+        self.threads = threads  # also note every thread started while the block runs
+        self.threads_started: list[str] = []
+        self._starters = _thread_starters() if threads else ()
         self.hits: list[str] = []
         self.prefixes = _prefixes()
         self._boundary: FrameType | None = None
         self._saved: tuple[Any, Any] = (None, None)
 
     def _hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_call" and self._starters and any(arg is s for s in self._starters):
+            # threading's own starts are noted per thread (_thread_hook, libraries' left
+            # out); a direct _thread call, or torch's pool, is noted here
+            if arg is self._starters[-1] or not trusted(frame.f_code.co_filename,
+                                                        self.prefixes):
+                self._started(getattr(arg, "__qualname__", "a thread"))
+            return
         if event != "call":
             return
         name = self.codes.get(frame.f_code)
@@ -150,6 +168,11 @@ class Tripwire:
         caller = frame.f_back
         if caller is not None and caller.f_code.co_filename == frame.f_code.co_filename:
             return  # a reference helper called by its own module (a shell class, say)
+        if self.strict and not any(f.f_code.co_filename.startswith("<frozen importlib")
+                                   for f in _frames(caller, self._boundary)):
+            if name not in self.hits:
+                self.hits.append(name)
+            return
         f = caller
         while f is not None and f is not self._boundary:
             filename = f.f_code.co_filename
@@ -166,15 +189,46 @@ class Tripwire:
         learner's function), not beyond."""
         self._boundary = boundary
         self._saved = (sys.getprofile(), threading.getprofile())
-        if self.codes:
+        if self.codes or self.threads:
             sys.setprofile(self._hook)
-            threading.setprofile(self._hook)
+            threading.setprofile(self._thread_hook)
+
+    def _started(self, what: str) -> None:
+        if len(self.threads_started) < 10 and what not in self.threads_started:
+            self.threads_started.append(what)
+
+    def _thread_hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        """The first profile event of a thread started while armed (``threading``'s threads
+        install it); a thread of a library (``LIBRARY_THREADS``) is not noted."""
+        thread = threading.current_thread()
+        if self.threads and not library_thread(thread):
+            self._started(thread.name)
+        sys.setprofile(self._hook if self.codes else None)
+        self._hook(frame, event, arg)
 
     def disarm(self) -> None:
-        if self.codes:
+        if self.codes or self.threads:
             sys.setprofile(self._saved[0])
             threading.setprofile(self._saved[1])
         self._boundary = None  # the caller's frame: kept, it would hold its locals in a cycle
+
+
+def _thread_starters() -> tuple[Any, ...]:
+    """The builtins that start a thread without ``threading`` (``_thread``'s, and torch's
+    ``torch.jit.fork``, which runs Python on its own pool)."""
+    import _thread
+
+    found = [getattr(_thread, n, None) for n in ("start_new_thread", "start_joinable_thread",
+                                                  "start_new")]
+    return (*(f for f in found if f is not None), torch._C.fork)  # torch's last
+
+
+def _frames(frame: FrameType | None, boundary: FrameType | None) -> list[FrameType]:
+    out = []
+    while frame is not None and frame is not boundary:
+        out.append(frame)
+        frame = frame.f_back
+    return out
 
 
 class _FunctionNames(torch.overrides.TorchFunctionMode):
@@ -189,6 +243,45 @@ class _FunctionNames(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+# Methods that hand a tensor's data to something other than torch (numpy, Python lists, raw
+# pointers): a check whose rules read torch's operators cannot see what happens after them.
+LEAVES_TORCH = frozenset({"numpy", "__array__", "tolist", "data_ptr", "untyped_storage",
+                          "storage", "_typed_storage", "__dlpack__", "__array_wrap__"})
+# CPU time other threads of the process may use while a learner's function runs (the kernel's
+# own message threads use well under a millisecond); more is work done outside the function.
+ELSEWHERE_ALLOWANCE_S = 0.02
+
+
+def _cpu_s() -> tuple[float, float]:
+    """(CPU seconds of the whole process, of this thread): every thread, ended ones too."""
+    import resource
+
+    whole = resource.getrusage(resource.RUSAGE_SELF)
+    mine = resource.getrusage(resource.RUSAGE_THREAD)
+    return whole.ru_utime + whole.ru_stime, mine.ru_utime + mine.ru_stime
+
+
+# threads of the kernel and of libraries, which run no notebook code (by the module of the
+# thread's class or of its target): ipykernel's, tqdm's monitor, a multiprocessing queue's
+# feeder (a DataLoader's), the DataLoader's pin-memory thread
+LIBRARY_THREADS = ("ipykernel.", "IPython.", "jupyter_client.", "zmq.", "tornado.", "tqdm.",
+                   "multiprocessing.queues", "torch.utils.data.")
+
+
+def library_thread(thread: threading.Thread) -> bool:
+    """Whether ``thread`` belongs to the kernel or to a library (``LIBRARY_THREADS``)."""
+    target = getattr(thread, "_target", None)
+    owner = getattr(target, "__self__", None)
+    modules = (type(thread).__module__, getattr(target, "__module__", None) or "",
+               type(owner).__module__ if owner is not None else "")
+    return any(m.startswith(LIBRARY_THREADS) for m in modules if m)
+
+
+def _threads() -> dict[int, str]:
+    return {t.ident: t.name for t in threading.enumerate()
+            if t.ident is not None and not library_thread(t)}
+
+
 class watch:  # noqa: N801 - used as a context manager, like a function
     """Run a block under the operator log (``ops``) and a tripwire on the ``forbid`` targets
     (``"module:qualname"``); ``summary()`` is what was seen, as plain data::
@@ -196,32 +289,88 @@ class watch:  # noqa: N801 - used as a context manager, like a function
         with watch(["labsim.roofline:matmul_flops"]) as seen:
             value = learner_fn(*args)
         seen.summary()   # {"ops": {...}, "largest_new": ..., "references": [...], ...}
+
+    It also notes what happened outside the block's own thread: the CPU time every other
+    thread of the process used meanwhile (``elsewhere``: on by default; off where a process
+    group's communication threads work in the background), threads started and still running
+    at the end, and operations the graded run's guard refused (``labsim.lab.guard``, also
+    refused in threads).  While it runs, torch uses one thread of its own, and the guard
+    refuses starting a process unless ``processes``.
     """
 
     def __init__(self, forbid: Sequence[str] = (), *, ops: bool = True,
-                 keep_created: bool = False, functions: bool = False) -> None:
-        self.wire = Tripwire(reference_codes(forbid))
+                 keep_created: bool = False, functions: bool = False,
+                 elsewhere: bool | None = None, processes: bool = False) -> None:
+        from labsim.lab import guard
+
+        self.wire = Tripwire(reference_codes(forbid), strict=guard.active() is not None,
+                             threads=not processes)
         self.log = OpLog(keep_created=keep_created) if ops else None
         self.names = _FunctionNames() if functions else None
+        if elsewhere is None:
+            elsewhere = not (torch.distributed.is_available()
+                             and torch.distributed.is_initialized())
+        self.elsewhere = elsewhere
+        self.processes = processes
+        self._cpu0 = (0.0, 0.0)
+        self._cpu1: tuple[float, float] | None = None  # None until the block ends
+        self._threads0: dict[int, str] = {}
+        self._left: list[str] = []
+        self._refused: list[str] = []
+        self._torch_threads = 0
 
     def __enter__(self) -> watch:
+        from labsim.lab import guard
+
+        guard_now = guard.active()
+        self._refused0 = len(guard_now.refused) if guard_now is not None else 0
+        self._watching = guard.watching(self.processes)
+        self._watching.__enter__()
+        self._threads0 = _threads()
+        if self.elsewhere:
+            self._torch_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
         if self.log is not None:
             self.log.__enter__()
         if self.names is not None:
             self.names.__enter__()
+        self._cpu0 = _cpu_s()
         self.wire.arm(sys._getframe(1))
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wire.disarm()
+        self._cpu1 = _cpu_s()
         if self.names is not None:
             self.names.__exit__(*exc)
         if self.log is not None:
             self.log.__exit__(*exc)
+        if self.elsewhere:
+            torch.set_num_threads(self._torch_threads)
+        self._left = sorted(name for ident, name in _threads().items()
+                            if ident not in self._threads0)
+        self._watching.__exit__(*exc)
+        from labsim.lab import guard
+
+        guard_now = guard.active()
+        if guard_now is not None:
+            self._refused = list(dict.fromkeys(guard_now.refused[self._refused0:]))
 
     def summary(self) -> dict[str, Any]:
         out = self.log.summary() if self.log is not None else {}
         if self.names is not None:
             out["functions"] = sorted(self.names.names)
         out["references"] = list(self.wire.hits)
+        if self.elsewhere:  # read now when asked from inside the block
+            end = self._cpu1 if self._cpu1 is not None else _cpu_s()
+            whole = end[0] - self._cpu0[0]
+            mine = end[1] - self._cpu0[1]
+            out["cpu_s"] = round(mine, 6)
+            out["elsewhere_cpu_s"] = round(max(0.0, whole - mine), 6)
+        if self._left:
+            out["threads_left"] = self._left[:10]
+        if self.wire.threads_started:
+            out["threads_started"] = list(self.wire.threads_started)
+        if self._refused:
+            out["refused"] = self._refused[:10]
         return out

@@ -321,7 +321,9 @@ def _executor_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], sp
 
 pipeline_step = Spec("pipeline_step", _executor_cases, drive=_executor_drive,
                      compare=close(rtol=1e-9, atol=1e-12), rules=(p2p_rule,),
-                     forbid=FORBID_EXECUTOR, ops=False)
+                     forbid=FORBID_EXECUTOR, ops=False,
+                     gives=tuple(f"labsim.pipeline:{n}" for n in (
+                         "make_schedule", "gpipe", "one_f_one_b")))
 """``step(stage, ops, inputs, targets, loss_fn, shape)`` runs one rank's op list of one
 training step (F: receive or take the input, run the stage, send on or keep the loss / m; B:
 receive the output's gradient or back-propagate the loss, send the input's gradient back) and

@@ -30,16 +30,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="notebooks executed at once")
 
 
+def _package_copy(labs: Path) -> Path | None:
+    """The package's copy of the labs (``labsim/data/labs``), when ``labs`` is the course's
+    own ``labs/`` beside the package (an editable install of this repository)."""
+    from labsim.course.selfcheck import package_labs
+
+    copy = package_labs()
+    if labs.resolve() == copy.parent.parent.parent / "labs":
+        return copy
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.jobs <= 64:
         raise ValueError(f"--jobs {args.jobs}: give a whole number from 1 to 64")
+    package = _package_copy(args.labs)
     try:
         if args.check:
-            outcomes = rel.check(args.solutions, args.labs, args.names)
+            outcomes = rel.check(args.solutions, args.labs, args.names, package)
         else:
             outcomes = rel.release(
-                args.solutions, args.labs, args.names, run=not args.no_execute, jobs=args.jobs
-            )
+                args.solutions, args.labs, args.names, run=not args.no_execute, jobs=args.jobs,
+                package_dir=package)
     except NotebookError as exc:
         print(f"labsim release: error: {exc}", file=sys.stderr)
         return 2

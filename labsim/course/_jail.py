@@ -8,10 +8,11 @@ PID 1) and, before anything of the learner's runs:
 
 1. builds a minimal root on a tmpfs: read-only binds of ``/usr`` (with the ``/bin``, ``/lib``
    links), a few files of ``/etc`` (its own ``passwd``/``group``/``hosts``), the Python
-   installation, the virtual environment and the ``labsim`` package (not the checkout around
-   it: no solutions); a fresh ``/proc``; a private ``/dev`` holding only ``null``, ``zero``,
-   ``full``, ``random``, ``urandom`` and a size-capped ``/dev/shm``; a size-capped ``/tmp``;
-   no ``/sys``; the run folder ``/run/labsim`` (a size-capped tmpfs: ``work``, ``home``,
+   installation, the virtual environment and the graded copy of ``labsim`` (the lab's
+   references withheld; the installed package is hidden under it, and the checkout around it
+   is not there: no solutions); a fresh ``/proc``; a private ``/dev`` holding only ``null``,
+   ``zero``, ``full``, ``random``, ``urandom`` and a size-capped ``/dev/shm``; a size-capped
+   ``/tmp``; no ``/sys``; the run folder ``/run/labsim`` (a size-capped tmpfs: ``work``, ``home``,
    ``out``) and the grader's inputs read-only at ``/run/labsim/in``; then ``pivot_root`` into
    it, the old root unmounted and the new root read-only;
 2. brings up the namespace's own loopback (no other interface: no network);
@@ -107,9 +108,10 @@ def _build_root(cfg: dict[str, Any], applied: list[str]) -> None:
     (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
     # /tmp first: a venv or checkout under the host's /tmp is bound inside it, not hidden by it
     _tmpfs(root / "tmp", cfg["tmp_bytes"], "1777")
-    for path in cfg["binds"]:  # Python, the venv, the labsim package: same paths inside
-        if not str(Path(path)).startswith("/usr/"):
-            _bind_ro(path, root / Path(path).relative_to("/"))
+    for src, dst in cfg["binds"]:  # Python, the venv, the graded copy of labsim (and that
+        # copy again over the installed package, where the venv holds one): same paths inside
+        if not str(Path(dst)).startswith("/usr/"):
+            _bind_ro(src, root / Path(dst).relative_to("/"))
     applied.append("minimal root: /usr, the Python installation, the venv and the labsim "
                    "package, read-only; no solutions, no other submissions, no /sys")
     (root / "proc").mkdir()
@@ -126,7 +128,7 @@ def _build_root(cfg: dict[str, Any], applied: list[str]) -> None:
                    "/dev/shm; private /tmp")
     run = root / RUN.lstrip("/")
     _tmpfs(run, cfg["run_bytes"], "755")
-    for sub in ("work", "home", "out"):
+    for sub in ("work", "home", "out", "live"):
         (run / sub).mkdir()
         os.chmod(run / sub, 0o777)
     _bind_ro(cfg["in"], run / "in")
@@ -152,6 +154,17 @@ def _lo_up() -> None:
     s = socket.socket()
     fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH14x", b"lo", 0x1 | 0x8 | 0x40))
     s.close()
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """Write ``data`` into the pipe ``fd`` and close it (the checks' inputs, to nbval)."""
+    with os.fdopen(fd, "wb", buffering=0) as pipe:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[pipe.write(view):]
+        except (BrokenPipeError, OSError):
+            pass
 
 
 def _reader(fd: int, sink: list[bytes]) -> None:
@@ -241,6 +254,9 @@ def _write(outfd: int, name: str, data: bytes) -> None:
 def main(config: str) -> int:
     cfg = json.loads(Path(config).read_text())
     _nodump()
+    # the checks' inputs: read now, before the learner's root hides the grader's folder; they
+    # reach nbval through a pipe and each collector's folder only while it runs
+    secret = Path(cfg["secret"]).read_bytes() if cfg.get("secret") else b""
     isolate = bool(cfg["isolate"])
     applied: list[str] = []
     missing: list[str] = list(cfg.get("missing", []))
@@ -260,7 +276,7 @@ def main(config: str) -> int:
         shutil.copytree(cfg["in"], folder / "in")
         infolder = folder / "in"
         work, home, out = folder / "work", folder / "home", folder / "out"
-        for d in (work, home, out, folder / "tmp"):
+        for d in (work, home, out, folder / "tmp", folder / "live"):
             d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(infolder / "graded.ipynb", work / "graded.ipynb")
     startup = home / ".ipython" / "profile_default" / "startup"
@@ -268,7 +284,7 @@ def main(config: str) -> int:
     shutil.copyfile(infolder / "startup.py", startup / "00-labsim-grade.py")
     owner = cfg.get("owner")
     if owner is not None:  # this process is root: the learner's uid must own its folders
-        for top in (work, home, out):
+        for top in (work, home, out, folder / "live"):
             for dirpath, dirnames, filenames in os.walk(top):
                 for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
                     os.chown(name, owner, owner)
@@ -284,13 +300,19 @@ def main(config: str) -> int:
         applied.append("limits: " + ", ".join(f"{k} {v}" for k, v in cfg["rlimits"].items()))
     read_fd, write_fd = os.pipe()
     env["LABSIM_GRADE_REPORT_FD"] = str(write_fd)
+    inputs_read, inputs_write = os.pipe()
+    env["LABSIM_GRADE_INPUTS_FD"] = str(inputs_read)
     records: list[bytes] = []
     start = time.monotonic()
     with open(work / "pytest.log", "wb") as log:
         proc = subprocess.Popen([*prefix, *argv], cwd=work, env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                                stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=(write_fd, inputs_read),
                                 start_new_session=not isolate)
     os.close(write_fd)
+    os.close(inputs_read)
+    feeder = threading.Thread(target=_feed, args=(inputs_write, secret), daemon=True)
+    feeder.start()
     reader = threading.Thread(target=_reader, args=(read_fd, records), daemon=True)
     reader.start()
     timed_out = False

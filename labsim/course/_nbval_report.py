@@ -14,7 +14,15 @@ It is loaded with ``-p labsim.course._nbval_report`` in the grading subprocess o
 - notices a dead kernel within a fraction of a second instead of waiting for the cell time
   limit (nbval alone waits the whole limit for a reply that never comes);
 - cuts every stream message to ``STREAM_LIMIT_CHARS``, so a notebook that prints 100 MB
-  neither fills the grader's memory nor makes the output comparison crawl.
+  neither fills the grader's memory nor makes the output comparison crawl;
+- holds the checks' inputs, read at start from the pipe ``LABSIM_GRADE_INPUTS_FD`` (the
+  kernel never has it), and puts check ``i``'s into the run's ``live/`` folder just before
+  its collector cell runs and removes them just after, so no cell of the notebook sees a
+  check's inputs before that check runs;
+- removes ``out/check-<i>.*`` before the collector runs and records their SHA-256 right after
+  it finished without an error: the grader takes a check's results only when the files it
+  gets back are the ones the finished collector left (a file written earlier, or after, or by
+  a collector that never finished, is refused).
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ STREAM_LIMIT_CHARS = 64_000
 TEXT_LIMIT_CHARS = 8_000
 POLL_S = 0.25
 _REPORT_ENV = "LABSIM_GRADE_REPORT_FD"
+_INPUTS_ENV = "LABSIM_GRADE_INPUTS_FD"
+_DIR_ENV = "LABSIM_GRADE_DIR"
 _PORTS_ENV = "LABSIM_GRADE_PORTS"
 _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
@@ -116,13 +126,77 @@ def _outputs(item: Any) -> list[dict]:
     return kept
 
 
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        chunks = []
+        while True:
+            chunk = pipe.read(1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def _collector(item: Any) -> int | None:
+    """The check index of a collector cell (its ``metadata.labsim.collect``), else None."""
+    cell = getattr(item, "cell", None)
+    meta = cell.get("metadata", {}).get("labsim", {}) if cell is not None else {}
+    index = meta.get("collect") if isinstance(meta, dict) else None
+    return index if type(index) is int else None
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return ""
+
+
 class _Recorder:
     """Writes one JSON line per cell to the record pipe (its descriptor is held here and is
-    not inherited: the kernel starts with only its standard streams)."""
+    not inherited: the kernel starts with only its standard streams), and stages each
+    collector's inputs and fingerprints its results (module docstring)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, inputs: dict[str, bytes], folder: str) -> None:
         os.set_inheritable(fd, False)
         self.pipe = os.fdopen(fd, "w", encoding="utf-8")
+        self.inputs = inputs
+        self.live = os.path.join(folder, "live")
+        self.out = os.path.join(folder, "out")
+        os.makedirs(self.live, exist_ok=True)
+
+    def _names(self, index: int) -> list[str]:
+        return [f"check-{index}.json", f"check-{index}.bin"]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: Any) -> None:
+        index = _collector(item)
+        if index is None:
+            return
+        for name in self._names(index):
+            for folder in (self.out, self.live):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                except OSError:
+                    pass
+            data = self.inputs.get(name)
+            if data is not None:
+                tmp = os.path.join(self.live, name + ".tmp")
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, os.path.join(self.live, name))
+
+    def _finish_collector(self, index: int, passed: bool) -> dict[str, str] | None:
+        for name in self._names(index):
+            try:
+                os.unlink(os.path.join(self.live, name))
+            except OSError:
+                pass
+        if not passed:
+            return None
+        return {name: _sha256(os.path.join(self.out, name)) for name in self._names(index)}
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
@@ -134,6 +208,9 @@ class _Recorder:
             return
         exc = call.excinfo.value if call.excinfo is not None else None
         kernel = getattr(item.parent, "kernel", None)
+        index = _collector(item) if call.when == "call" else None
+        digests = (self._finish_collector(index, report.outcome == "passed")
+                   if index is not None else None)
         record = {
             "cell": item.cell_num,
             "phase": call.when,
@@ -145,6 +222,9 @@ class _Recorder:
             "duration_s": round(call.stop - call.start, 3),
             "outputs": _outputs(item),
         }
+        if index is not None:
+            record["collect"] = index
+            record["digests"] = digests
         self.pipe.write(json.dumps(record) + "\n")
         self.pipe.flush()
 
@@ -162,8 +242,16 @@ def _nodump() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     fd = os.environ.pop(_REPORT_ENV, "")
+    inputs_fd = os.environ.pop(_INPUTS_ENV, "")
     if fd.isdigit():
         _nodump()
+        inputs: dict[str, bytes] = {}
+        if inputs_fd.isdigit():
+            from labsim.course.sandbox import unpack
+
+            os.set_inheritable(int(inputs_fd), False)
+            inputs = unpack(_read_all(int(inputs_fd)))
         _install()
         os.environ.pop(_PORTS_ENV, None)
-        config.pluginmanager.register(_Recorder(int(fd)), "labsim-grade-recorder")
+        recorder = _Recorder(int(fd), inputs, os.environ.get(_DIR_ENV, "."))
+        config.pluginmanager.register(recorder, "labsim-grade-recorder")

@@ -41,8 +41,13 @@ def _indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line if line else line for line in text.splitlines())
 
 
+MARKS = {"pass": "PASS", "fail": "FAIL", "not attempted": "TODO", "waiting": "WAIT",
+         "not run": "----"}
+
+
 def feedback_text(lab: str, result: Any) -> str:
     """Plain-text feedback for one ``grade.Result``."""
+    full = result.status in ("ok", "tampered") and result.total == result.maximum > 0
     lines = [
         f"Lab: {lab}",
         f"Submission: {result.submission}",
@@ -56,22 +61,29 @@ def feedback_text(lab: str, result: Any) -> str:
     for s in result.scores:
         pts = f"{_fmt(s.score)}/{_fmt(s.check.points)} point{'s' if s.check.points != 1 else ''}"
         kind = "hidden check" if s.check.hidden else "check"
-        mark = "PASS" if s.passed else "FAIL"
-        lines.append(f"  {mark}  {kind} {s.check.name} ({pts})")
-        if not s.passed:
+        state = getattr(s, "status", "pass" if s.passed else "fail")
+        lines.append(f"  {MARKS.get(state, 'FAIL')}  {kind} {s.check.name} ({pts})"
+                     + ("" if state in ("pass", "fail") else f": {state}"))
+        if state == "fail" or state == "waiting":
             lines.append(_indent(s.detail))
     broken = [s for s in result.scores if s.flags]
     if result.reasons or result.notes or broken:
         lines += ["", "What the grader noticed:"]
         lines += [f"  - {r}" for r in (*result.reasons, *result.notes)]
-        lines += [f"  - check {s.check.name}: a forbidden shortcut (see above); it earns 0"
-                  for s in broken]
-    lines += [
-        "",
-        "How to improve: open the notebook, run it from the top (Kernel > Restart and Run "
-        "All), and fix the first check that fails; each check names its first failing case. "
-        "`labsim check NOTEBOOK` runs every check of your notebook at once.",
-    ]
+        lines += [f"  - check {s.check.name}: a rule of the exercise was broken (see above); "
+                  "it earns 0" for s in broken]
+    if full:
+        lines += ["", "Full marks: every check passed. Well done."]
+    else:
+        todo = [s.check.name for s in result.scores if not s.passed]
+        lines += [
+            "",
+            f"Next: {todo[0]}. " if todo else "",
+        ]
+        lines[-1] += ("Open the notebook, run it from the top (Kernel > Restart and Run All), "
+                      "and fix the first check that fails; each check names its first failing "
+                      "case. `labsim check NOTEBOOK` (or the notebook's last cell) checks the "
+                      "whole notebook the way the grader does.")
     return "\n".join(lines) + "\n"
 
 

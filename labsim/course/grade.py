@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,15 @@ from labsim.checks._observe import reference_codes
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
+from labsim.course import withhold
 from labsim.course.feedback import csv_text, feedback_names, feedback_text, write_csv
-from labsim.course.records import CellRecord, read_outcomes, read_records, sanitize
+from labsim.course.records import (
+    CellRecord,
+    digest_problem,
+    read_outcomes,
+    read_records,
+    sanitize,
+)
 from labsim.course.submission import read_submission
 
 __all__ = ["CheckScore", "Options", "Report", "Result", "csv_text", "grade", "write_csv"]
@@ -54,13 +61,22 @@ STATUSES = ("ok", "tampered", "timeout", "crashed", "invalid")
 @dataclass(frozen=True)
 class CheckScore:
     """Score of one check for one submission; ``detail`` is grader-composed text, safe to
-    show the learner; ``flags`` go to the review column."""
+    show the learner; ``flags`` go to the review column.  ``state`` in a word: ``pass``,
+    ``fail``, ``not attempted`` (its exercise is the released stub), ``waiting`` (its
+    exercise is written but calls one that is not), ``not run`` (the run stopped before it);
+    ``first`` is the first failing case's (name, reason) of a public check."""
 
     check: rb.Check
     score: float
     passed: bool
     detail: str
     flags: tuple[str, ...] = ()
+    state: str = ""
+    first: tuple[str, str] | None = None
+
+    @property
+    def status(self) -> str:
+        return self.state or ("pass" if self.passed else "fail")
 
 
 @dataclass(frozen=True)
@@ -114,7 +130,8 @@ class Expectations:
     checks: tuple[rb.Check, ...]
     specs: list[Spec] = field(default_factory=list)
     cases: list[list[Any]] = field(default_factory=list)
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # into every run's in/
+    inputs: dict[str, bytes] = field(default_factory=dict)  # held by nbval until a check runs
     forbidden: list[set[str]] = field(default_factory=list)
 
     @classmethod
@@ -138,7 +155,7 @@ class Expectations:
                 raise ValueError(f"check {check.name}: the release expects {check.cases} cases, "
                                  f"labsim's check has {len(cases)}; release the lab again")
             text, blob = _plain.encode([[c.name, tuple(c.args), dict(c.kwargs)] for c in cases])
-            self.files[f"check-{i}.json"], self.files[f"check-{i}.bin"] = text.encode(), blob
+            self.inputs[f"check-{i}.json"], self.inputs[f"check-{i}.bin"] = text.encode(), blob
             self.specs.append(spec)
             self.cases.append(cases)
             self.forbidden.append(set(reference_codes(spec.forbid).values()))
@@ -149,10 +166,23 @@ class Expectations:
         names = [f"check-{i}.{ext}" for i in range(len(self.checks)) for ext in ("json", "bin")]
         return (*names, "exercises.json", "exercises.bin")
 
+    def withheld(self) -> list[str]:
+        """What the graded copy withholds: the labsim targets the checks of the run forbid,
+        but for what a check's driver needs in the learner's process (``Spec.gives``)."""
+        from labsim.checks._observe import expand
+
+        forbid = {t for s in self.specs for raw in s.forbid if raw.startswith("labsim.")
+                  for t in expand(raw)}
+        gives = {t for s in self.specs for raw in s.gives for t in expand(raw)}
+        return sorted(forbid - gives)
+
     def kernel_config(self, rebuilt: rb.Rebuilt) -> bytes:
         forbid = sorted({t for s in self.specs for t in s.forbid})
         hashes = [hashlib.sha256(src.encode()).hexdigest() for src in rebuilt.exercise_sources]
-        return json.dumps({"exercise_hashes": hashes, "forbid": forbid}).encode()
+        released = sorted({hashlib.sha256(src.encode()).hexdigest()
+                           for src in rebuilt.released_sources})
+        return json.dumps({"exercise_hashes": hashes, "forbid": forbid,
+                           "released": released}).encode()
 
 
 def _flag(reason: str) -> str:
@@ -163,13 +193,21 @@ def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
                 record: CellRecord | None, why_not_run: str) -> CheckScore:
     """Score one check from the outcomes its collector wrote (see the module docstring)."""
     spec, cases = exp.specs[index], exp.cases[index]
-    got = read_outcomes(out_dir, f"check-{index}", len(cases))
+    stem = f"check-{index}"
+    if record is not None and record.digests is not None:
+        changed = digest_problem(out_dir, stem, record.digests)
+        if changed:
+            return CheckScore(check, 0.0, False, f"its results were not the check's own: "
+                              f"{changed}", (f"results rewritten: {check.name}",))
+        got = read_outcomes(out_dir, stem, len(cases))
+    else:  # the collector did not finish (or never ran): nothing it left counts
+        got = "missing"
     if isinstance(got, str):
         if got != "missing":
             return CheckScore(check, 0.0, False, f"the check could not be read: {got}",
                               (f"invalid results: {check.name}",))
         if record is None:
-            return CheckScore(check, 0.0, False, f"not run: {why_not_run}")
+            return CheckScore(check, 0.0, False, f"not run: {why_not_run}", state="not run")
         if "Timeout of" in record.message:
             return CheckScore(check, 0.0, False, "interrupted: it ran over the cell time limit")
         error = record.error
@@ -192,11 +230,14 @@ def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
             detail += "; it takes a forbidden shortcut on a hidden case"
         return CheckScore(check, score, verdict.ok, detail, flags)
     if verdict.ok:
-        return CheckScore(check, score, True, "passed", flags)
+        return CheckScore(check, score, True, "passed", flags, "pass")
     lines = verdict.message().splitlines()[1:]
     detail = "\n".join([f"{verdict.passed}/{verdict.total} cases passed",
                         *(sanitize(line, 240) for line in lines[:4])])
-    return CheckScore(check, score, False, detail, flags)
+    first = ((sanitize(verdict.first[0], 120), sanitize(verdict.first[1], 240))
+             if verdict.first else None)
+    return CheckScore(check, score, False, detail, flags,
+                      "waiting" if verdict.not_done else "fail", first)
 
 
 def score_run(
@@ -206,6 +247,9 @@ def score_run(
     records = {r.cell: r for r in read_records(run.records)}
     status, stop, reasons = "ok", "", []
     code_errors = 0
+    seen_exercise = False
+    skipped: set[str] = set()  # names of the lab's cells that could not run while grading
+    code_sources = [c.source for c in rebuilt.notebook.cells if c.cell_type == "code"]
     last = -1  # the last cell whose record counts
     for number, cell in enumerate(rebuilt.cells):
         record = records.get(number)
@@ -233,18 +277,33 @@ def score_run(
             reasons.append(f"{stop} (os._exit, a crash such as a segfault, or out of memory)")
             last = number
             break
-        elif cell.role in ("exercise", "code") and record.outcome != "passed":
+        elif cell.role in ("exercise", "added", "code") and record.outcome != "passed":
             error = record.error
-            # an unfinished exercise (NotImplementedError) is reported by its checks
-            if error is not None and error.ename != "NotImplementedError":
-                if cell.role == "exercise" or not code_errors:
+            if error is None or error.ename == "NotImplementedError":
+                pass  # an unfinished exercise is reported by its checks
+            elif cell.role == "code":
+                # the release's own cells: one that needs a withheld reference does not run
+                # while grading, and never counts; others matter only before any exercise
+                # (the set-up), where they explain what failed after
+                if error.ename == "ReferenceWithheld":
+                    skipped.update(rb.defined_names(code_sources[number]))
+                elif not seen_exercise and not code_errors:
                     first = error.evalue.splitlines()[:1]
                     reasons.append(f"{cell.label} raised {sanitize(error.ename, 60)}"
                                    + (f": {sanitize(first[0])}" if first else ""))
-                code_errors += cell.role == "code"
+                    code_errors += 1
+            else:
+                first = error.evalue.splitlines()[:1]
+                reason = (f"{cell.label} raised {sanitize(error.ename, 60)}"
+                          + (f": {sanitize(first[0])}" if first else ""))
+                missing = _missing_name(error)
+                if missing and missing in skipped:
+                    reason += (f" (`{missing}` is defined by a cell of the lab that does not run "
+                               "while grading, because it uses an exercise's reference: define "
+                               "what your code needs in your own cells)")
+                reasons.append(reason)
+        seen_exercise = seen_exercise or cell.role in ("exercise", "added")
         last = number
-    if code_errors > 1:
-        reasons.append(f"{code_errors - 1} more code cell(s) raised errors")
     if not stop and last + 1 < len(rebuilt.cells):
         where = rebuilt.cells[last + 1].label
         if run.notebook_timed_out:
@@ -263,6 +322,29 @@ def score_run(
         scores.append(judge_check(index, check, exp, run.out_dir, record, stop or "not reached"))
     flags = _exercise_references(run.out_dir, exp, scores)
     return status, scores, reasons, flags
+
+
+def _attempted(score: CheckScore, attempted: dict[str, bool]) -> CheckScore:
+    """A failed check whose exercise was left as released is ``not attempted``; one whose
+    exercise was written but that still raised NotImplementedError on every case waits on
+    another exercise that was not."""
+    if score.passed:
+        return score
+    fns = [f for f in score.check.functions if f in attempted]
+    if fns and not any(attempted[f] for f in fns):
+        return replace(score, state="not attempted", detail="not attempted: the exercise is "
+                       "still the released stub")
+    return score
+
+
+def _missing_name(error: Any) -> str:
+    """The name of a ``NameError`` ("name 'x' is not defined"), else ""."""
+    if error.ename != "NameError":
+        return ""
+    import re
+
+    match = re.search(r"name '(\w+)' is not defined", error.evalue)
+    return match.group(1) if match else ""
 
 
 def _exercise_references(out_dir: Path, exp: Expectations, scores: list[CheckScore]
@@ -308,6 +390,7 @@ class Options:
     feedback_dir: Path | None = None
     keep_dir: Path | None = None  # keep each run's folder here (for debugging)
     work_dir: Path | None = None  # where runs' folders go (default: system temp)
+    cache_dir: Path | None = None  # keep built graded copies here, to reuse (default: none)
 
     def __post_init__(self) -> None:
         if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not (
@@ -348,7 +431,7 @@ def keep_run(folder: Path, target: Path) -> None:
 def grade_one(
     lab: rb.ReleasedLab, name: str, path: Path, options: Options, box: sb.Sandbox,
     ports: Callable[[], list[int]], threads: int, workroot: Path, exp: Expectations,
-    cancel: threading.Event | None = None, keep_name: str = "",
+    cancel: threading.Event | None = None, keep_name: str = "", graded: Path | None = None,
 ) -> Result:
     """Read and grade one submission; never raises for anything in the submission."""
     checks = exp.checks
@@ -363,7 +446,8 @@ def grade_one(
     files = {**exp.files, "kernel.json": exp.kernel_config(rebuilt)}
     try:
         run = sb.run_notebook(nbk.dumps(rebuilt.notebook), folder / "run", options.limits, box,
-                              ports(), threads, cancel, files=files, exports=exp.exports())
+                              ports(), threads, cancel, files=files, exports=exp.exports(),
+                              secret=exp.inputs, graded=graded)
         status, scores, reasons, flags = score_run(rebuilt, run, options.limits, exp)
     finally:
         if options.keep_dir is not None:
@@ -374,10 +458,28 @@ def grade_one(
                    + "; ".join(rebuilt.tampering)]
         if status == "ok":
             status = "tampered"
+    scores = [_attempted(s, rebuilt.attempted) for s in scores]
     missing = list(run.jail.get("missing", [])) if run.jail else ["no report from the sandbox"]
     review = [*flags, *(f for s in scores for f in s.flags), *rebuilt.flags]
     return Result(name, status, tuple(scores), tuple(reasons), rebuilt.notes, tuple(review),
                   run.wall_s, "; ".join(sanitize(m, 120) for m in missing))
+
+
+def graded_copy(targets: Sequence[str], workroot: Path, cache: Path | None) -> Path:
+    """The folder of the graded copy of labsim with ``targets`` withheld: built in
+    ``workroot``, or taken from (and first built into) ``cache`` by the package's fingerprint."""
+    if cache is None:
+        return withhold.build(targets, workroot / "graded").root
+    folder = Path(cache) / f"graded-{withhold.fingerprint(withhold.source_package(), targets)}"
+    if not (folder / "sitecustomize.py").is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=".graded-", dir=cache))
+        withhold.build(targets, tmp)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another check built it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    os.chmod(folder, 0o755)
+    return folder
 
 
 def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Options(),
@@ -403,6 +505,11 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
         Path(options.work_dir).mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
     os.chmod(workroot, 0o711)  # the sandbox (another uid) must reach its own run folder
+    try:
+        graded = graded_copy(exp.withheld(), workroot, options.cache_dir)
+    except BaseException:
+        shutil.rmtree(workroot, ignore_errors=True)
+        raise
     fb_names = feedback_names(submissions)
     for d in (options.feedback_dir, options.keep_dir):
         if d is not None:
@@ -412,7 +519,7 @@ def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Option
         try:
             result = grade_one(lab, names[i], Path(submissions[i]), options, box, ports,
                                threads, workroot, exp, cancel,
-                               keep_name=fb_names[i].removesuffix(".txt"))
+                               keep_name=fb_names[i].removesuffix(".txt"), graded=graded)
         except Exception as exc:  # noqa: BLE001 - one bad submission never stops the class
             result = Result(names[i], "crashed",
                             tuple(CheckScore(c, 0.0, False, "not graded") for c in checks),

@@ -75,6 +75,8 @@ class CellRecord:
     kernel_alive: bool = True
     duration_s: float = 0.0
     outputs: tuple[CellOutput, ...] = ()
+    collect: int | None = None  # the check a collector cell ran
+    digests: tuple[tuple[str, str], ...] | None = None  # its results' SHA-256, if it finished
 
     @classmethod
     def from_json(cls, raw: object) -> CellRecord | None:
@@ -83,13 +85,20 @@ class CellRecord:
             return None
         outputs = raw.get("outputs") if isinstance(raw.get("outputs"), list) else []
         duration = raw.get("duration_s", 0.0)
+        collect = raw.get("collect") if type(raw.get("collect")) is int else None
+        digests = raw.get("digests")
+        if isinstance(digests, dict):
+            digests = tuple(sorted((str(k), str(v)) for k, v in list(digests.items())[:4]))
+        else:
+            digests = None
         return cls(
             cell=raw["cell"], phase=str(raw.get("phase", "call")),
             outcome=str(raw.get("outcome", "")), error_kind=str(raw.get("error_kind", "")),
             message=str(raw.get("message", "")), timed_out=bool(raw.get("timed_out", False)),
             kernel_alive=bool(raw.get("kernel_alive", False)),
             duration_s=float(duration) if isinstance(duration, (int, float)) else 0.0,
-            outputs=tuple(o for o in map(CellOutput.from_json, outputs[:100]) if o is not None))
+            outputs=tuple(o for o in map(CellOutput.from_json, outputs[:100]) if o is not None),
+            collect=collect, digests=digests)
 
     @property
     def error(self) -> CellOutput | None:
@@ -139,6 +148,22 @@ def read_regular(path: Path, limit: int) -> bytes | None:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def digest_problem(out_dir: Path, stem: str, digests: tuple[tuple[str, str], ...]) -> str:
+    """"" when ``out_dir/<stem>.json``/``.bin`` are the files whose SHA-256 the run recorded
+    right after the check's collector finished, else what differs."""
+    import hashlib
+
+    for name, expected in digests:
+        if name not in (f"{stem}.json", f"{stem}.bin"):
+            continue
+        data = read_regular(out_dir / name, OUTPUT_BYTES)
+        got = hashlib.sha256(data).hexdigest() if data is not None else ""
+        if got != expected:
+            return (f"{name} was changed after the check finished" if expected and got else
+                    f"{name} is not the file the check left")
+    return ""
 
 
 def read_outcomes(out_dir: Path, stem: str, n_cases: int) -> list[Outcome] | str:

@@ -223,8 +223,10 @@ def solution_paths(solutions_dir: Path, names: Iterable[str] = ()) -> list[Path]
     return paths
 
 
-def release_one(path: Path, labs_dir: Path, run: bool = True) -> Outcome:
-    """Execute (if ``run``) and release one solution notebook, rewriting both files."""
+def release_one(path: Path, labs_dir: Path, run: bool = True,
+                package_dir: Path | None = None) -> Outcome:
+    """Execute (if ``run``) and release one solution notebook, rewriting both files (and the
+    package's copy of the lab in ``package_dir``, which ``labsim check`` grades against)."""
     nb = nbk.read(path)
     validate(nb, path)
     executed = execute(nb, path) if run else None
@@ -239,11 +241,17 @@ def release_one(path: Path, labs_dir: Path, run: bool = True) -> Outcome:
     )
     nbk.write_atomic(path, sol_text)
     nbk.write_atomic(lab_path, lab_text)
+    if package_dir is not None:
+        copy_path = Path(package_dir) / path.name
+        changed = changed or not copy_path.exists() or copy_path.read_text(
+            encoding="utf-8") != lab_text
+        nbk.write_atomic(copy_path, lab_text)
     return Outcome(path.stem, lab_path, changed)
 
 
-def check_one(path: Path, labs_dir: Path) -> Outcome:
-    """Compare ``labs/`` with the release of the stored solution, without executing it."""
+def check_one(path: Path, labs_dir: Path, package_dir: Path | None = None) -> Outcome:
+    """Compare ``labs/`` (and the package's copy) with the release of the stored solution,
+    without executing it."""
     lab_path = Path(labs_dir) / path.name
     nb = nbk.read(path)
     validate(nb, path)
@@ -264,8 +272,14 @@ def check_one(path: Path, labs_dir: Path) -> Outcome:
         )
     if not lab_path.exists():
         return Outcome(path.stem, lab_path, True, f"{lab_path} does not exist")
-    if lab_path.read_text(encoding="utf-8") != nbk.dumps(make_lab(solution, path)):
+    fresh = nbk.dumps(make_lab(solution, path))
+    if lab_path.read_text(encoding="utf-8") != fresh:
         return Outcome(path.stem, lab_path, True, f"{lab_path} differs from a fresh release")
+    if package_dir is not None:
+        copy_path = Path(package_dir) / path.name
+        if not copy_path.is_file() or copy_path.read_text(encoding="utf-8") != fresh:
+            return Outcome(path.stem, lab_path, True,
+                           f"{copy_path} (the copy `labsim check` uses) differs from labs/")
     return Outcome(path.stem, lab_path, False)
 
 
@@ -276,19 +290,23 @@ def release(
     *,
     run: bool = True,
     jobs: int = 1,
+    package_dir: Path | None = None,
 ) -> list[Outcome]:
-    """Release the selected labs (all by default), ``jobs`` notebooks at a time."""
+    """Release the selected labs (all by default), ``jobs`` notebooks at a time; with
+    ``package_dir`` (the course's own release: ``labsim/data/labs``) the package keeps a copy
+    of each lab for ``labsim check``."""
     paths = solution_paths(solutions_dir, names)
     for path in paths:  # fail fast on malformed input, before any execution or write
         validate(nbk.read(path), path)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda p: release_one(p, labs_dir, run), paths))
+        return list(pool.map(lambda p: release_one(p, labs_dir, run, package_dir), paths))
 
 
-def check(solutions_dir: Path, labs_dir: Path, names: Iterable[str] = ()) -> list[Outcome]:
+def check(solutions_dir: Path, labs_dir: Path, names: Iterable[str] = (),
+          package_dir: Path | None = None) -> list[Outcome]:
     """One ``Outcome`` per lab, plus one for each lab in ``labs_dir`` without a solution."""
     paths = solution_paths(solutions_dir, names)
-    outcomes = [check_one(p, labs_dir) for p in paths]
+    outcomes = [check_one(p, labs_dir, package_dir) for p in paths]
     if not list(names):
         sources = {p.name for p in paths}
         for orphan in sorted(Path(labs_dir).glob("*.ipynb")):

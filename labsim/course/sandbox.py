@@ -256,19 +256,30 @@ class RunRecord:
     cancelled: bool = False
 
 
-def package_dirs() -> list[str]:
-    """What the learner's root shows besides /usr: the Python installation, the virtual
-    environment and the labsim package (each once, outermost first)."""
+def package_dirs(graded: Path | None = None) -> list[tuple[str, str]]:
+    """What the learner's root shows besides /usr, as (source, target) binds: the Python
+    installation and the virtual environment at their own paths, and ``graded`` (the folder
+    holding the graded copy of labsim) at its own path; the installed labsim package is
+    covered by the copy where the bound folders would show it, and otherwise not bound.
+    Without ``graded``, the installed package itself (each folder once, outermost first)."""
     import labsim
 
-    dirs = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix,
-                                          os.path.dirname(labsim.__file__))]
+    installed = os.path.realpath(os.path.dirname(labsim.__file__))
+    roots = [os.path.realpath(p) for p in (sys.base_prefix, sys.prefix)]
+    if graded is None:
+        roots.append(installed)
     out: list[str] = []
-    for d in sorted(set(dirs), key=len):
+    for d in sorted(set(roots), key=len):
         if d.startswith("/usr/") or any(d == o or d.startswith(o + os.sep) for o in out):
             continue
         out.append(d)
-    return out
+    binds = [(d, d) for d in out]
+    if graded is not None:
+        root = os.path.realpath(graded)
+        binds.append((root, root))
+        if any(installed == d or installed.startswith(d + os.sep) for d in out):
+            binds.append((os.path.join(root, "labsim"), installed))
+    return binds
 
 
 def _kernelspec(folder: Path, limits: Limits, box: Sandbox) -> None:
@@ -285,19 +296,18 @@ STARTUP = """\
 from labsim.course._kernel_guard import install as _labsim_guard
 _labsim_guard()
 del _labsim_guard
-try:
-    from labsim.checks._collect import install as _labsim_collect
-    _labsim_collect(get_ipython())
-    del _labsim_collect
-except Exception:
-    pass
+from labsim.checks._collect import install as _labsim_collect
+_labsim_collect(get_ipython())
+del _labsim_collect
 """
 
 
-def _environment(limits: Limits, threads: int, ports: list[int], isolated: bool
-                 ) -> dict[str, str]:
+def _environment(limits: Limits, threads: int, ports: list[int], isolated: bool,
+                 graded: Path | None = None) -> dict[str, str]:
     """The allow-listed environment of the run ({folder} is the run folder as the run sees
-    it); nothing else of the grader's environment goes in."""
+    it); nothing else of the grader's environment goes in.  With ``graded`` (the folder of
+    the graded copy) that copy is first on the path and every Python process of the run
+    installs the guard (``labsim.lab.guard``)."""
     import labsim
 
     home = "{folder}/home"
@@ -306,7 +316,8 @@ def _environment(limits: Limits, threads: int, ports: list[int], isolated: bool
                                  "/bin"]),
         "HOME": home, "TMPDIR": "/tmp" if isolated else "{folder}/tmp",
         "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-        "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(labsim.__file__))),
+        "PYTHONPATH": (os.path.realpath(graded) if graded is not None else
+                       os.path.dirname(os.path.dirname(os.path.abspath(labsim.__file__)))),
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MALLOC_ARENA_MAX": "2",
         "MPLBACKEND": "Agg", "MPLCONFIGDIR": f"{home}/.matplotlib",
         "JUPYTER_PATH": "{folder}/in/jupyter", "JUPYTER_CONFIG_DIR": f"{home}/.jupyter",
@@ -316,6 +327,8 @@ def _environment(limits: Limits, threads: int, ports: list[int], isolated: bool
         "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
         "LABSIM_GRADE_DIR": "{folder}",
     }
+    if graded is not None:
+        env["LABSIM_GUARD"] = "1"
     if not isolated:
         env["LABSIM_GRADE_PORTS"] = ",".join(str(p) for p in ports)
     return env
@@ -406,13 +419,22 @@ def run_notebook(
     cancel: threading.Event | None = None,
     files: dict[str, bytes] | None = None,
     exports: tuple[str, ...] = (),
+    secret: dict[str, bytes] | None = None,
+    graded: Path | None = None,
 ) -> RunRecord:
     """Run ``notebook_text`` under nbval in ``folder`` (which must be empty); ``files`` go to
     the run's ``in/`` folder, the files named in ``exports`` come back from its ``out/``.
-    Never raises for anything the notebook does.  Setting ``cancel`` stops the run (and
-    everything it started) within a fraction of a second."""
+    ``secret`` files (the checks' inputs) never enter ``in/``: nbval holds them and puts each
+    check's into the run's ``live/`` folder only while that check's collector runs.
+    ``graded``: the folder holding the graded copy of labsim (``withhold.build``), which the
+    run imports instead of the installed package.  Never raises for anything the notebook
+    does.  Setting ``cancel`` stops the run (and everything it started) within a fraction of a
+    second."""
     folder = Path(folder)
     prepare(folder, notebook_text, files or {}, limits, box)
+    secret_path = folder / "secret.bin"
+    secret_path.write_bytes(pack(secret or {}))
+    os.chmod(secret_path, 0o644)  # for the jail (another uid when the grader is root)
     cgroup = _Cgroup(box.cgroup, f"labsim-{os.getpid()}-{folder.parent.name}-{folder.name}",
                      limits.memory_bytes + MEMORY_MARGIN_BYTES)
     missing = list(box.missing)
@@ -422,10 +444,11 @@ def run_notebook(
                "fsize": FILE_BYTES, "nofile": OPEN_FILES, "core": 0}
     config = {
         "isolate": box.namespaces, "root": str(folder / "root"), "in": str(folder / "in"),
-        "out": str(folder / "out"), "folder": str(folder), "binds": package_dirs(),
+        "out": str(folder / "out"), "folder": str(folder), "binds": package_dirs(graded),
+        "secret": str(secret_path),
         "run_bytes": RUN_BYTES, "tmp_bytes": TMP_BYTES, "shm_bytes": SHM_BYTES,
         "rlimits": rlimits, "prlimit": box.prlimit,
-        "env": _environment(limits, threads, ports, box.namespaces),
+        "env": _environment(limits, threads, ports, box.namespaces, graded),
         "argv": _pytest_argv(limits), "notebook_s": limits.notebook_s,
         "exports": list(exports), "export_bytes": EXPORT_BYTES, "missing": missing,
         "learner": learner_prefix(box.drop_uid is not None) if box.namespaces else [],
@@ -480,6 +503,30 @@ def run_notebook(
         log_tail=_tail(out / "pytest.log") or _tail(log_path),
         cancelled=cancelled,
     )
+
+
+def pack(files: dict[str, bytes]) -> bytes:
+    """Files as one blob: an 8-byte length, a JSON index {name: [offset, size]}, the data."""
+    index, chunks, offset = {}, [], 0
+    for name, data in files.items():
+        index[name] = [offset, len(data)]
+        chunks.append(data)
+        offset += len(data)
+    head = json.dumps(index).encode()
+    return len(head).to_bytes(8, "little") + head + b"".join(chunks)
+
+
+def unpack(blob: bytes) -> dict[str, bytes]:
+    """The files of ``pack``'s blob ({} for an empty or malformed one)."""
+    if len(blob) < 8:
+        return {}
+    size = int.from_bytes(blob[:8], "little")
+    try:
+        index = json.loads(blob[8:8 + size])
+    except ValueError:
+        return {}
+    body = blob[8 + size:]
+    return {str(name): body[off:off + n] for name, (off, n) in index.items()}
 
 
 def _descendants(pid: int) -> list[int]:

@@ -141,19 +141,29 @@ def time_queued(
 
 class AsyncQueue:
     """A stand-in for an asynchronous device, for a CPU: ``launch(seconds)`` queues that much
-    work on a worker thread and returns at once, as a CUDA kernel launch does; ``synchronize()``
-    waits until everything queued has run, as ``torch.cuda.synchronize()`` does.  A timer
-    that reads the clock without synchronising measures the launches, not the work."""
+    work and returns at once, as a CUDA kernel launch does; ``synchronize()`` waits until
+    everything queued has run, as ``torch.cuda.synchronize()`` does.  A timer that reads the
+    clock without synchronising measures the launches, not the work.
 
-    def __init__(self) -> None:
+    By default the work runs on a worker thread, in real time.  ``AsyncQueue(virtual=True)``
+    keeps a clock of its own instead (``clock()``): launching costs no time, the work runs
+    back to back, and ``synchronize()`` moves the clock to the end of the queued work -- a
+    timer read through ``clock`` measures the work exactly, however busy the machine is."""
+
+    def __init__(self, virtual: bool = False) -> None:
         import queue
         import threading
 
-        self._jobs: queue.Queue[float | None] = queue.Queue()
+        self.virtual = virtual
         self.launches = 0
         self.synchronizes = 0
-        self._worker = threading.Thread(target=self._run, daemon=True)
-        self._worker.start()
+        self._now = 0.0
+        self._done_at = 0.0  # virtual: when the queued work ends
+        self._jobs: queue.Queue[float | None] = queue.Queue()
+        self._worker = None
+        if not virtual:
+            self._worker = threading.Thread(target=self._run, daemon=True)
+            self._worker.start()
 
     def _run(self) -> None:
         while True:
@@ -168,16 +178,27 @@ class AsyncQueue:
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.launches += 1
-        self._jobs.put(seconds)
+        if self.virtual:
+            self._done_at = max(self._done_at, self._now) + seconds
+        else:
+            self._jobs.put(seconds)
 
     def synchronize(self) -> None:
         self.synchronizes += 1
-        self._jobs.join()
+        if self.virtual:
+            self._now = max(self._now, self._done_at)
+        else:
+            self._jobs.join()
+
+    def clock(self) -> float:
+        """Seconds on this device's clock: ``time.perf_counter()``, or the virtual clock."""
+        return self._now if self.virtual else time.perf_counter()
 
     def close(self) -> None:
         """Stop the worker thread (after the queued work)."""
-        self._jobs.put(None)
-        self._worker.join()
+        if self._worker is not None:
+            self._jobs.put(None)
+            self._worker.join()
 
 
 DTYPES: dict[str, torch.dtype] = {

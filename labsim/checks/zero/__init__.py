@@ -200,7 +200,8 @@ def reduce_scatter_rule(case: Case, out: Outcome) -> str | None:
 
 sharded_optimizer = Spec("sharded_optimizer", _sharded_cases, drive=_sharded_drive,
                          compare=close(rtol=1e-9, atol=1e-12), rules=(reduce_scatter_rule,),
-                         forbid=FORBID_ZERO)
+                         forbid=FORBID_ZERO,
+                         gives=("labsim.parallel.data_parallel:broadcast_parameters",))
 """``cls(params, optimizer_cls, **kwargs)`` (params: parameters or parameter groups) with
 ``step()`` and ``zero_grad()``: trains exactly like ``optimizer_cls`` unsharded on the whole
 batch, reduce-scatters the gradients and holds about 1/N of the optimizer's state."""
