@@ -50,6 +50,7 @@ class Limits:
     depth: int = 40
     tensors: int = 20_000
     numel: int = 64 * 2**20
+    containers: int = 500_000  # JSON lists and objects: each costs ~100 bytes decoded
 
     def __post_init__(self) -> None:
         if min(self.text_bytes, self.blob_bytes, self.depth, self.tensors, self.numel) <= 0:
@@ -203,6 +204,9 @@ def decode(text: str | bytes, blob: bytes = b"", limits: Limits = Limits()) -> A
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise PlainDataError(f"not UTF-8 text (byte {exc.start})") from None
+    # count the containers before building them: 32 MiB of "[]," would be 11 M lists
+    if text.count("[") + text.count("{") > limits.containers:
+        raise PlainDataError(f"more than {limits.containers} lists and mappings")
     try:
         doc = json.loads(text)
     except RecursionError:

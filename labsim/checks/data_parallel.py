@@ -298,7 +298,7 @@ def _accumulation_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case]
 
 accumulation = Spec("accumulation", _accumulation_cases, drive=_accumulation_drive,
                     compare=TOL, forbid=FORBID_ACCUMULATE,
-                    gives=(f"{_P}:DataParallelBucket",))
+                    gives=(f"{_P}:DataParallelBucket", f"{_P}:broadcast_parameters"))
 """``fn(ddp, optimizer, micro_batches)``: one optimizer step of gradient accumulation over
 ``micro_batches`` (token tensors) with ``ddp.no_sync()`` on all but the last, the loss of each
 scaled by 1/k; returns the step's loss.  Must equal the big batch, with one all-reduce per

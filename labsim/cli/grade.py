@@ -18,6 +18,7 @@ from labsim.course import grade as gr
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
+from labsim.course.feedback import lms_text, summary_text
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -32,6 +33,23 @@ def parse_bytes(text: str) -> int:
     if value > 2**50:
         raise ValueError(f"--memory {text!r}: over 1 PiB; give e.g. 4GiB")
     return value
+
+
+def write_summary(report: gr.Report, folder: Path) -> None:
+    """summary.txt and scores.png of the class in ``folder``."""
+    from labsim.plots.grade import scores
+
+    folder.mkdir(parents=True, exist_ok=True)
+    nbk.write_atomic(folder / "summary.txt", summary_text(report))
+    if not report.results:
+        return
+    rates = {c.name: sum(r.scores[i].passed for r in report.results) / len(report.results)
+             for i, c in enumerate(report.checks)}
+    fig = scores([r.total for r in report.results], report.results[0].maximum, rates,
+                 title=f"{report.lab}: {len(report.results)} submission(s)")
+    tmp = folder / ".scores.png.tmp"
+    fig.savefig(tmp, format="png", dpi=110)
+    tmp.replace(folder / "scores.png")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -55,6 +73,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep each run's working folder (graded notebook, nbval log) here")
     parser.add_argument("--extra-checks", type=Path,
                         help="a private .py file defining CHECKS = [labsim.checks.Hidden(...)]")
+    parser.add_argument("--summary", type=Path,
+                        help="folder for the class summary: summary.txt (per-check pass rates, "
+                             "score distribution) and scores.png")
+    parser.add_argument("--lms", action="append", default=[], metavar="FORMAT",
+                        choices=("canvas", "moodle", "gradescope"),
+                        help="also write the totals as a gradebook import beside --out "
+                             "(OUT-canvas.csv, ...): canvas, moodle or gradescope; repeatable")
+    parser.add_argument("--dask", metavar="ADDRESS",
+                        help="grade on a Dask cluster: its scheduler (tcp://host:8786) or "
+                             "local:N for N worker processes here; each submission still runs "
+                             "in a sandbox of its own")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,12 +104,19 @@ def run(args: argparse.Namespace) -> int:
     extra = rb.read_extra_checks(args.extra_checks, lab) if args.extra_checks else None
     options = gr.Options(limits=limits, jobs=args.jobs, extra=extra, feedback_dir=args.feedback,
                          keep_dir=args.keep_runs)
+    engine = None
+    if args.dask:
+        if importlib.util.find_spec("distributed") is None:
+            raise ValueError("--dask needs Dask: pip install 'dask[distributed]'")
+        from labsim.course.distributed import DaskEngine
+
+        engine = DaskEngine(args.dask)
     box = sb.probe()
     for warning in box.warnings:
         print(f"labsim grade: warning: {warning}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # stop the runs as Ctrl-C does
     try:
-        report = gr.grade(args.lab, args.submissions, options, box)
+        report = gr.grade(args.lab, args.submissions, options, box, engine=engine)
     except KeyboardInterrupt:
         print("labsim grade: interrupted; the running notebooks were stopped and no CSV was "
               "written", file=sys.stderr)
@@ -89,8 +125,13 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     try:
         gr.write_csv(report, args.out)
+        for kind in dict.fromkeys(args.lms):
+            target = args.out.with_name(f"{args.out.stem}-{kind}.csv")
+            nbk.write_atomic(target, lms_text(report, kind))
+        if args.summary is not None:
+            write_summary(report, args.summary)
     except OSError as exc:
-        raise ValueError(f"--out {args.out}: cannot write: {exc.strerror or exc}") from None
+        raise ValueError(f"cannot write the results: {exc.strerror or exc}") from None
     counts = {s: sum(r.status == s for r in report.results) for s in gr.STATUSES}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     print(f"graded {len(report.results)} submissions of {report.lab} in {report.wall_s:.1f} s "

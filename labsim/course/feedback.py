@@ -116,6 +116,29 @@ def feedback_names(paths: Sequence[Path | str]) -> list[str]:
     return out
 
 
+def learner_ids(paths: Sequence[Path | str], lab: str,
+                metadata: Sequence[str] = ()) -> list[str]:
+    """Who each submission is from: the notebook's ``metadata.labsim.learner`` when it has
+    one (``metadata``, same order; "" when not), else the file name without the lab's name
+    (``alice_02_mixed_precision.ipynb`` -> ``alice``), else the folder holding it
+    (``alice/02_mixed_precision.ipynb`` -> ``alice``)."""
+    rel = _relative(paths)
+    out = []
+    for i, name in enumerate(rel):
+        given = metadata[i] if i < len(metadata) else ""
+        if given:
+            out.append(given)
+            continue
+        path = Path(name)
+        stem = path.stem[:-len(".ipynb")] if path.stem.endswith(".ipynb") else path.stem
+        rest = re.sub(rf"[\s_\-.]*{re.escape(lab)}[\s_\-.]*", " ", stem, flags=re.I).strip()
+        rest = re.sub(r"\s+", "_", rest)
+        if not rest and len(path.parts) > 1:
+            rest = path.parts[-2]
+        out.append(rest or stem)
+    return out
+
+
 def _cell(text: str) -> str:
     """A CSV cell safe to open in a spreadsheet: no formula (=, +, -, @ first) runs."""
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
@@ -127,15 +150,88 @@ def csv_text(report: Any) -> str:
     used), sandbox (the protections this run lacked; empty when it had all of them)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["submission", "status", *[c.name for c in report.checks], "total", "max",
-                     "reason", "review", "sandbox"])
+    writer.writerow(["submission", "learner", "status", *[c.name for c in report.checks],
+                     "total", "max", "not_attempted", "reason", "review", "sandbox"])
     for r in report.results:
+        todo = [s.check.name for s in r.scores if getattr(s, "state", "") == "not attempted"]
         writer.writerow([
-            _cell(r.submission), r.status, *[_fmt(s.score) for s in r.scores], _fmt(r.total),
-            _fmt(r.maximum), _cell("; ".join(r.reasons)), _cell("; ".join(r.flags)),
+            _cell(r.submission), _cell(getattr(r, "learner", "")), r.status,
+            *[_fmt(s.score) for s in r.scores], _fmt(r.total), _fmt(r.maximum),
+            _cell(" ".join(todo)), _cell("; ".join(r.reasons)), _cell("; ".join(r.flags)),
             _cell(r.sandbox),
         ])
     return buf.getvalue()
+
+
+LMS_FORMATS = ("canvas", "moodle", "gradescope")
+
+
+def lms_text(report: Any, kind: str) -> str:
+    """The class's totals as a gradebook import: ``canvas`` (Canvas's gradebook CSV: Student,
+    ID, SIS User ID, SIS Login ID, Section, then the lab, with a "Points Possible" row),
+    ``moodle`` (Moodle's grade import: username, the lab's grade, feedback) or
+    ``gradescope`` (Gradescope's score upload: Name, SID, Email, Total Score).  Learners are
+    identified by the ``learner`` column (``learner_ids``)."""
+    if kind not in LMS_FORMATS:
+        raise ValueError(f"unknown gradebook format {kind!r}: use one of "
+                         f"{', '.join(LMS_FORMATS)}")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    maximum = report.results[0].maximum if report.results else 0.0
+    if kind == "canvas":
+        writer.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
+                         report.lab])
+        writer.writerow(["Points Possible", "", "", "", "", _fmt(maximum)])
+        for r in report.results:
+            who = _cell(getattr(r, "learner", "") or r.submission)
+            writer.writerow([who, "", "", who, "", _fmt(r.total)])
+    elif kind == "moodle":
+        writer.writerow(["username", report.lab, "feedback"])
+        for r in report.results:
+            who = _cell(getattr(r, "learner", "") or r.submission)
+            note = f"{r.status}; {sum(s.passed for s in r.scores)}/{len(r.scores)} checks pass"
+            writer.writerow([who, _fmt(r.total), note])
+    else:
+        writer.writerow(["Name", "SID", "Email", "Total Score"])
+        for r in report.results:
+            who = _cell(getattr(r, "learner", "") or r.submission)
+            writer.writerow([who, who, "", _fmt(r.total)])
+    return buf.getvalue()
+
+
+def summary_text(report: Any) -> str:
+    """The class at a glance: submissions by status, the score distribution, and per check
+    how many passed, failed or did not attempt it (hardest first)."""
+    results = report.results
+    n = len(results)
+    lines = [f"Lab {report.lab}: {n} submission(s)"]
+    if not n:
+        return lines[0] + "\n"
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+    lines.append("status: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())))
+    totals = sorted(r.total for r in results)
+    maximum = results[0].maximum
+    mean = sum(totals) / n
+    median = totals[n // 2] if n % 2 else (totals[n // 2 - 1] + totals[n // 2]) / 2
+    full = sum(t == maximum for t in totals)
+    lines.append(f"score out of {_fmt(maximum)}: mean {_fmt(mean)}, median {_fmt(median)}, "
+                 f"min {_fmt(totals[0])}, max {_fmt(totals[-1])}; full marks {full} of {n}")
+    lines += ["", f"{'check':28} {'pass':>6} {'fail':>6} {'not attempted':>14}"]
+    rows = []
+    for i, check in enumerate(report.checks):
+        scores = [r.scores[i] for r in results if i < len(r.scores)]
+        passed = sum(s.passed for s in scores)
+        todo = sum(getattr(s, "state", "") == "not attempted" for s in scores)
+        rows.append((passed / max(1, len(scores)), check.name, passed,
+                     len(scores) - passed - todo, todo))
+    for rate, name, passed, failed, todo in sorted(rows):
+        lines.append(f"{name[:28]:28} {passed:>4} ({rate:4.0%}) {failed:>6} {todo:>14}")
+    flagged = [r.submission for r in results if r.flags]
+    if flagged:
+        lines += ["", f"worth a look by hand (review column): {len(flagged)}"]
+    return "\n".join(lines) + "\n"
 
 
 def write_csv(report: Any, path: Path) -> None:

@@ -38,16 +38,23 @@ from pathlib import Path
 from typing import Any
 
 from labsim.checks import Spec, _plain
+from labsim.checks._core import Verdict
 from labsim.checks._observe import reference_codes
 from labsim.course import notebook as nbk
 from labsim.course import rebuild as rb
 from labsim.course import sandbox as sb
 from labsim.course import withhold
-from labsim.course.feedback import csv_text, feedback_names, feedback_text, write_csv
+from labsim.course.feedback import (
+    csv_text,
+    feedback_names,
+    feedback_text,
+    learner_ids,
+    write_csv,
+)
+from labsim.course.judge import Judge
 from labsim.course.records import (
     CellRecord,
     digest_problem,
-    read_outcomes,
     read_records,
     sanitize,
 )
@@ -91,6 +98,7 @@ class Result:
     flags: tuple[str, ...] = ()
     wall_s: float = 0.0
     sandbox: str = ""
+    learner: str = ""  # who it is from (``feedback.learner_ids``)
 
     @property
     def total(self) -> float:
@@ -133,6 +141,7 @@ class Expectations:
     files: dict[str, bytes] = field(default_factory=dict)  # into every run's in/
     inputs: dict[str, bytes] = field(default_factory=dict)  # held by nbval until a check runs
     forbidden: list[set[str]] = field(default_factory=list)
+    judge: Any = None  # a ``judge.Judge``: results are decoded and judged in its process
 
     @classmethod
     def build(cls, checks: Sequence[rb.Check]) -> Expectations:
@@ -192,14 +201,13 @@ def _flag(reason: str) -> str:
 def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
                 record: CellRecord | None, why_not_run: str) -> CheckScore:
     """Score one check from the outcomes its collector wrote (see the module docstring)."""
-    spec, cases = exp.specs[index], exp.cases[index]
     stem = f"check-{index}"
     if record is not None and record.digests is not None:
         changed = digest_problem(out_dir, stem, record.digests)
         if changed:
             return CheckScore(check, 0.0, False, f"its results were not the check's own: "
                               f"{changed}", (f"results rewritten: {check.name}",))
-        got = read_outcomes(out_dir, stem, len(cases))
+        got = _verdict(exp, index, out_dir, stem)
     else:  # the collector did not finish (or never ran): nothing it left counts
         got = "missing"
     if isinstance(got, str):
@@ -220,7 +228,7 @@ def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
                               f"the check could not run ({sanitize(error.ename, 60)})")
         return CheckScore(check, 0.0, False, "the check left no results (was its collector "
                           "replaced?)", (f"no results: {check.name}",))
-    verdict = spec.judge(cases, got)
+    verdict = got
     flags = tuple(f"{check.name}: {_flag(b)}" for b in verdict.broken)
     score = check.points * verdict.passed / verdict.total
     if check.hidden:
@@ -238,6 +246,25 @@ def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
              if verdict.first else None)
     return CheckScore(check, score, False, detail, flags,
                       "waiting" if verdict.not_done else "fail", first)
+
+
+def _verdict(exp: Expectations, index: int, out_dir: Path, stem: str) -> Verdict | str:
+    """The verdict on a check's results, decoded and judged in the judging process (or here,
+    when the expectations have none), or why its results cannot be used."""
+    if exp.judge is None:
+        from labsim.course.judge import verdict_of
+
+        answer = verdict_of(exp.specs[index], exp.cases[index], out_dir, stem)
+    else:
+        answer = exp.judge.verdict(index, out_dir, stem)
+    if "unreadable" in answer:
+        reason = str(answer["unreadable"])
+        return reason if reason != "missing" else "missing"
+    first = answer.get("first")
+    return Verdict(exp.specs[index].title if index < len(exp.specs) else "check",
+                   int(answer["passed"]), int(answer["total"]),
+                   (str(first[0]), str(first[1])) if first else None,
+                   bool(answer["not_done"]), tuple(map(str, answer["broken"])))
 
 
 def score_run(
@@ -432,14 +459,20 @@ def grade_one(
     lab: rb.ReleasedLab, name: str, path: Path, options: Options, box: sb.Sandbox,
     ports: Callable[[], list[int]], threads: int, workroot: Path, exp: Expectations,
     cancel: threading.Event | None = None, keep_name: str = "", graded: Path | None = None,
+    learner: str = "",
 ) -> Result:
     """Read and grade one submission; never raises for anything in the submission."""
     checks = exp.checks
     sub, problem = read_submission(path)
     if sub is None:
-        return _invalid(name, checks, problem)
+        return replace(_invalid(name, checks, problem), learner=learner)
     if not rb.is_this_lab(lab, sub):
-        return _invalid(name, checks, f"no cell or exercise of {lab.path.name} in it (wrong lab?)")
+        return replace(_invalid(name, checks, f"no cell or exercise of {lab.path.name} in it "
+                                "(wrong lab?)"), learner=learner)
+    given = sub.metadata.get("labsim", {}).get("learner") if isinstance(
+        sub.metadata.get("labsim"), dict) else None
+    if isinstance(given, str) and given.strip():
+        learner = sanitize(given.strip(), 80)
     rebuilt = rb.rebuild(lab, sub, options.extra)
     del sub
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=workroot))
@@ -462,7 +495,7 @@ def grade_one(
     missing = list(run.jail.get("missing", [])) if run.jail else ["no report from the sandbox"]
     review = [*flags, *(f for s in scores for f in s.flags), *rebuilt.flags]
     return Result(name, status, tuple(scores), tuple(reasons), rebuilt.notes, tuple(review),
-                  run.wall_s, "; ".join(sanitize(m, 120) for m in missing))
+                  run.wall_s, "; ".join(sanitize(m, 120) for m in missing), learner)
 
 
 def graded_copy(targets: Sequence[str], workroot: Path, cache: Path | None) -> Path:
@@ -482,61 +515,100 @@ def graded_copy(targets: Sequence[str], workroot: Path, cache: Path | None) -> P
     return folder
 
 
+class Grader:
+    """What grading one lab needs, set up once: the released lab, the expectations, the
+    judging process, the graded copy of labsim, a work folder and the sandbox.  ``one``
+    grades one submission (thread-safe: ``Options.jobs`` threads share it); ``close`` ends
+    the judging process and removes the work folder.  A Dask worker keeps one per lab
+    (``labsim.course.distributed``)."""
+
+    def __init__(self, lab_path: Path, options: Options = Options(),
+                 box: sb.Sandbox | None = None, jobs: int | None = None) -> None:
+        self.options = options
+        self.lab = rb.read_lab(lab_path)
+        self.checks = self.lab.checks + (options.extra.checks if options.extra else ())
+        self.exp = Expectations.build(self.checks)
+        self.exp.judge = Judge(self.lab.path, options.extra.path if options.extra else None)
+        self.box = box if box is not None else sb.probe()
+        self._pool = sb.PortPool()
+        self._lock = threading.Lock()
+        self.cancel = threading.Event()
+        self.threads = max(1, (os.cpu_count() or 1) // (jobs or options.jobs))
+        if options.work_dir is not None:
+            Path(options.work_dir).mkdir(parents=True, exist_ok=True)
+        self.workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
+        os.chmod(self.workroot, 0o711)  # the sandbox (another uid) must reach its run folder
+        try:
+            self.graded = graded_copy(self.exp.withheld(), self.workroot, options.cache_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    def _ports(self) -> list[int]:
+        with self._lock:
+            return self._pool.take()
+
+    def one(self, path: Path, name: str, learner: str = "", keep_name: str = "") -> Result:
+        """The grade of one submission; never raises for anything in it."""
+        try:
+            return grade_one(self.lab, name, Path(path), self.options, self.box, self._ports,
+                             self.threads, self.workroot, self.exp, self.cancel,
+                             keep_name=keep_name or Path(name).stem, graded=self.graded,
+                             learner=learner)
+        except Exception as exc:  # noqa: BLE001 - one bad submission never stops the class
+            return Result(name, "crashed",
+                          tuple(CheckScore(c, 0.0, False, "not graded") for c in self.checks),
+                          (f"the grader failed on this submission: {type(exc).__name__}: "
+                           f"{sanitize(exc)}",), learner=learner)
+
+    def close(self) -> None:
+        self.cancel.set()
+        judge = getattr(getattr(self, "exp", None), "judge", None)
+        if judge is not None:
+            judge.close()
+        shutil.rmtree(self.workroot, ignore_errors=True)
+
+
 def grade(lab_path: Path, submissions: Sequence[Path], options: Options = Options(),
-          box: sb.Sandbox | None = None) -> Report:
+          box: sb.Sandbox | None = None, engine: Any = None) -> Report:
     """Grade every submission of one released lab (see the module docstring).  Submissions
-    are read one at a time, by the job that grades them."""
+    are read one at a time, by the job that grades them.  ``engine``: a
+    ``labsim.course.distributed.DaskEngine`` grades them on a Dask cluster instead of
+    ``options.jobs`` threads here (each submission still in a sandbox of its own)."""
     start = time.monotonic()
-    lab = rb.read_lab(lab_path)
-    checks = lab.checks + (options.extra.checks if options.extra else ())
-    exp = Expectations.build(checks)
-    box = box if box is not None else sb.probe()
     names = [str(p) for p in submissions]
-    pool = sb.PortPool()
-    lock = threading.Lock()
-    cancel = threading.Event()
-
-    def ports() -> list[int]:
-        with lock:
-            return pool.take()
-
-    threads = max(1, (os.cpu_count() or 1) // options.jobs)
-    if options.work_dir is not None:
-        Path(options.work_dir).mkdir(parents=True, exist_ok=True)
-    workroot = Path(tempfile.mkdtemp(prefix="labsim-grade-", dir=options.work_dir))
-    os.chmod(workroot, 0o711)  # the sandbox (another uid) must reach its own run folder
-    try:
-        graded = graded_copy(exp.withheld(), workroot, options.cache_dir)
-    except BaseException:
-        shutil.rmtree(workroot, ignore_errors=True)
-        raise
+    lab_stem = Path(lab_path).stem
     fb_names = feedback_names(submissions)
+    learners = learner_ids(submissions, lab_stem)
     for d in (options.feedback_dir, options.keep_dir):
         if d is not None:
             Path(d).mkdir(parents=True, exist_ok=True)
 
-    def one(i: int) -> Result:
-        try:
-            result = grade_one(lab, names[i], Path(submissions[i]), options, box, ports,
-                               threads, workroot, exp, cancel,
-                               keep_name=fb_names[i].removesuffix(".txt"), graded=graded)
-        except Exception as exc:  # noqa: BLE001 - one bad submission never stops the class
-            result = Result(names[i], "crashed",
-                            tuple(CheckScore(c, 0.0, False, "not graded") for c in checks),
-                            (f"the grader failed on this submission: {type(exc).__name__}: "
-                             f"{sanitize(exc)}",))
+    def feedback(i: int, result: Result) -> Result:
         if options.feedback_dir is not None:
             nbk.write_atomic(Path(options.feedback_dir) / fb_names[i],
-                             feedback_text(lab.path.stem, result))
+                             feedback_text(lab_stem, result))
         return result
+
+    if engine is not None:
+        checks, results, warnings = engine.grade(Path(lab_path), submissions, names, learners,
+                                                 options)
+        results = tuple(feedback(i, r) for i, r in enumerate(results))
+        return Report(lab_stem, checks, results, warnings, time.monotonic() - start)
+    grader = Grader(lab_path, options, box)
+
+    def one(i: int) -> Result:
+        return feedback(i, grader.one(Path(submissions[i]), names[i], learners[i],
+                                      fb_names[i].removesuffix(".txt")))
 
     executor = ThreadPoolExecutor(max_workers=options.jobs)
     try:
         results = tuple(executor.map(one, range(len(names))))
     except BaseException:  # Ctrl-C: stop the running notebooks, start no more
-        cancel.set()
+        grader.cancel.set()
         raise
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(workroot, ignore_errors=True)
-    return Report(lab.path.stem, checks, results, box.warnings, time.monotonic() - start)
+        grader.close()
+    return Report(lab_stem, grader.checks, results, grader.box.warnings,
+                  time.monotonic() - start)

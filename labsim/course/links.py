@@ -2,6 +2,13 @@
 cell that opens every lab.
 
 Forks change ``REPOSITORY`` (and the README badges, which a test checks against it).
+
+``RELEASE`` is the git ref of the course that learners get: the badges open the notebooks at
+it and the Colab setup cell installs the package from it, so notebook and package are always
+the same version.  It is the ``main`` branch until a release is made: ``python3 tasks.py
+release X.Y.Z`` sets it to the tag ``vX.Y.Z``, rewrites the setup cell of every lab and the
+README's badges, commits and makes the tag (``git push origin main vX.Y.Z`` publishes both; a
+test fails while the ref is missing from the repository).
 """
 
 from __future__ import annotations
@@ -11,20 +18,22 @@ import sys
 from urllib.parse import quote
 
 REPOSITORY = "gpu-training-lab/labsim"  # GitHub owner/name
-BRANCH = "main"
-RELEASE = "v0.1.0"  # the git tag of the release the labs install on Colab (= __version__)
+RELEASE = "main"  # the git ref learners get (module docstring): a branch or a release tag
 
 SETUP_CELL = (
-    "# Setup: on Colab this installs the course (a pinned release); elsewhere it does nothing.\n"
+    "# Setup: on Colab this installs the course (the version this notebook is); elsewhere it "
+    "does nothing.\n"
     "import sys\n"
     'if "google.colab" in sys.modules:\n'
-    f'    %pip install -q "labsim @ git+https://github.com/{REPOSITORY}@{RELEASE}"\n'
+    f'    %pip install -q "labsim[check] @ git+https://github.com/{REPOSITORY}@{RELEASE}"\n'
     "    from labsim.course.links import restart_note\n"
     "    print(restart_note())"
 )
-"""The first code cell of every lab.  On Colab it installs the release ``RELEASE`` with the
-core dependencies only, whose ranges Colab's preinstalled torch, ipykernel and ipywidgets
-satisfy (so none is upgraded), and says whether the runtime must be restarted.  The
+"""The first code cell of every lab.  On Colab it installs the course at ``RELEASE`` with the
+core dependencies and the ``check`` extra (what ``labsim check`` needs to run a notebook,
+with no version pinned above what Colab ships), whose ranges Colab's preinstalled torch,
+ipykernel and ipywidgets satisfy (so none is upgraded), and says whether the runtime must be
+restarted.  The
 requirement is quoted because ``%pip`` lines pass through a shell, where a bare ``>=`` or
 ``@`` could be misread."""
 
@@ -59,9 +68,9 @@ def restart_note(loaded: dict[str, str] | None = None) -> str:
 
 def colab_url(notebook: str) -> str:
     """Open ``notebook`` (a path in the repository, e.g. 'labs/00_why_gpus.ipynb') in Colab."""
-    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{BRANCH}/{notebook}"
+    return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{RELEASE}/{notebook}"
 
 
 def binder_url(notebook: str) -> str:
     """Open ``notebook`` in JupyterLab on Binder (built from ``binder/``)."""
-    return f"https://mybinder.org/v2/gh/{REPOSITORY}/{BRANCH}?labpath={quote(notebook, safe='')}"
+    return f"https://mybinder.org/v2/gh/{REPOSITORY}/{RELEASE}?labpath={quote(notebook, safe='')}"

@@ -74,9 +74,10 @@ class ReleasedLab:
 
 @dataclass(frozen=True)
 class ExtraChecks:
-    """An instructor's private checks, appended after the lab's."""
+    """An instructor's private checks, appended after the lab's (``path``: their file)."""
 
     checks: tuple[Check, ...]
+    path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def read_extra_checks(path: Path, lab: ReleasedLab | None = None) -> ExtraChecks
             raise ValueError(f"{path}: extra check {h.name}: {exc}") from None
         checks.append(Check(h.name, float(h.points), h.like, h.function_names, "",
                             len(h.spec().cases()), hidden=True, extra=h))
-    return ExtraChecks(tuple(checks))
+    return ExtraChecks(tuple(checks), path)
 
 
 def _find_exercise(sub: Any, cid: str, names: tuple[str, ...]) -> Any | None:

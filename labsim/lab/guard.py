@@ -13,6 +13,10 @@ library code):
   function's ``__code__``, frames reached through tracebacks and generators;
 - running text as code: ``compile``, ``exec`` and ``eval`` of a string;
 - ``sys.settrace``, ``sys.setprofile``, ``sys.addaudithook``, ``sys._current_frames``;
+- reading labsim's own source files (``.py``) for notebook code -- directly or through
+  ``inspect`` or ``linecache`` -- where the import system does not (the exercise references
+  a graded copy still holds, tools one exercise hands the learner, keep their source text to
+  themselves; importing them is unchanged);
 
 and, while a check is watching a learner's function (``watching()``), starting a process
 from anywhere under that function (``os.fork``, ``subprocess``, ``os.posix_spawn``,
@@ -54,7 +58,7 @@ PROCESS = frozenset({
     "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
     "subprocess.Popen", "pty.spawn", "os.startfile",
 })
-WATCHED = ALWAYS | PROCESS | {"object.__getattr__", "object.__setattr__"}
+WATCHED = ALWAYS | PROCESS | {"object.__getattr__", "object.__setattr__", "open"}
 PREFIXES = (CTYPES, "os.exec", "os.spawn")
 
 
@@ -93,6 +97,8 @@ class Guard:
         self.state = _State()
         self.refused: list[str] = []
         self.baseline_threads: set[int] = set()  # a graded kernel's own threads
+        self.labsim_dir = os.path.join(os.path.dirname(os.path.dirname(
+            os.path.abspath(_THIS_FILE))), "")
         self._getframe = sys._getframe
 
     def trusted(self, filename: str) -> bool:
@@ -122,6 +128,23 @@ class Guard:
             frame = frame.f_back
         return False
 
+    def _reads_labsim_source(self, args: tuple) -> bool:
+        """An ``open`` of one of labsim's ``.py`` files for reading, not by the import
+        system (whose reads come from ``<frozen importlib...>``)."""
+        path = args[0] if args else None
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            return False
+        mode = args[1] if len(args) > 1 and isinstance(args[1], str) else "r"
+        if any(c in mode for c in "wax+"):
+            return False
+        if not os.path.abspath(path).startswith(self.labsim_dir):
+            return False
+        frame = self._trigger()
+        return not (frame is not None and frame.f_code.co_filename.startswith(
+            "<frozen importlib"))
+
     def refuse(self, what: str) -> None:
         if len(self.refused) < 100:
             self.refused.append(what)
@@ -148,6 +171,9 @@ class Guard:
         elif event.startswith(CTYPES):  # ctypes' own classes make the calls: look past them
             if self._caller_untrusted(_CTYPES_DIR):
                 self.refuse("ctypes")
+        elif event == "open":
+            if self._reads_labsim_source(args) and self._any_untrusted():
+                self.refuse("reading labsim's source files")
         elif event == "object.__getattr__" or event == "object.__setattr__":
             if len(args) > 1 and args[1] in ATTRIBUTES and self._caller_untrusted():
                 self.refuse(f"the attribute {args[1]}")

@@ -391,7 +391,9 @@ def _drive_model(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec:
 
 quantize_model = Spec("quantize_model", _quantize_model_cases, drive=_drive_model,
                       compare=close(rtol=1e-4, atol=1e-4), rules=(_no_torch_quantization,),
-                      forbid=FORBID_MODEL, gives=tuple(f"{_R}:{n}" for n in _GIVEN_OBSERVERS))
+                      forbid=FORBID_MODEL,
+                      gives=tuple(f"{_R}:{n}" for n in (*_GIVEN_OBSERVERS, "Int8Linear",
+                                                          "affine_qparams")))
 """``fn(model, calibration, per_channel=, observer=)``: every Linear int8, outputs right."""
 
 
