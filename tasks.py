@@ -2,7 +2,10 @@
 
 One file, standard library only, so a fresh machine with nothing but Python and pip can run
 it.  Both commands create ``.venv/`` beside this file (once), install the course into it and
-then either open JupyterLab on ``labs/`` or run the whole test suite.
+then either open JupyterLab on ``labs/`` (its terminals find ``labsim`` on their PATH) or run
+the whole test suite.  ``python3 tasks.py release X.Y.Z`` makes a release: the version, the
+git ref the labs install from and open at (``labsim/course/links.py``), the labs and the
+README's badges, one commit and the tag ``vX.Y.Z``.
 
 torch: when the virtual environment has no torch yet, ``torch==2.13.0`` is installed first
 (the version the course is tested with; where a local wheel of it is on pip's search path it
@@ -121,12 +124,22 @@ def lab(argv: list[str]) -> int:
     if "--no-browser" in cmd:
         print("No browser to open here: open the http://127.0.0.1:... URL that JupyterLab "
               "prints below (it carries the access token). Stop it with Ctrl-C.", flush=True)
-    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
+    env = lab_environment(py)
     server = subprocess.Popen(cmd, env=env)
     try:
         return server.wait()
     except KeyboardInterrupt:  # Ctrl-C reached JupyterLab too: let it shut down, then go
         return stop(server)
+
+
+def lab_environment(py: Path) -> dict[str, str]:
+    """JupyterLab's environment: the virtual environment's ``bin`` first on PATH, so the
+    terminals JupyterLab opens (in ``labs/``) run the course's ``labsim`` as the labs say."""
+    bin_dir = str(py.parent)
+    path = os.environ.get("PATH", "")
+    return dict(os.environ, JUPYTER_PLATFORM_DIRS="1", VIRTUAL_ENV=str(VENV),
+                PATH=os.pathsep.join([bin_dir, *(p for p in path.split(os.pathsep)
+                                                 if p and p != bin_dir)]))
 
 
 def stop(server: subprocess.Popen, grace_s: float = 15) -> int:
@@ -172,13 +185,60 @@ def test(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"lab": lab, "test": test}
+def release(argv: list[str]) -> int:
+    """``release X.Y.Z``: the version in pyproject.toml and labsim, ``links.RELEASE`` =
+    ``vX.Y.Z``, every lab's setup cell and the README's badges at that tag, the labs
+    released again (without running them), one commit, the annotated tag.  Needs a clean
+    working tree; ``git push origin main vX.Y.Z`` publishes the commit and the tag."""
+    import re
+
+    if len(argv) != 1 or not re.fullmatch(r"\d+\.\d+\.\d+", argv[0]):
+        print("usage: python3 tasks.py release X.Y.Z")
+        return 2
+    version, tag = argv[0], f"v{argv[0]}"
+    git = ["git", "-C", str(ROOT)]
+    if subprocess.run([*git, "status", "--porcelain"], capture_output=True,
+                      text=True).stdout.strip():
+        print("release: the working tree has changes; commit them first")
+        return 2
+    if subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}"],
+                      capture_output=True).returncode == 0:
+        print(f"release: the tag {tag} exists already")
+        return 2
+    py = setup("lab,grade")
+    edits = {
+        ROOT / "pyproject.toml": (r'(?m)^version = "[^"]+"', f'version = "{version}"'),
+        ROOT / "labsim" / "__init__.py": (r'__version__ = "[^"]+"', f'__version__ = "{version}"'),
+        ROOT / "labsim" / "course" / "links.py": (r'(?m)^RELEASE = "[^"]+"',
+                                                  f'RELEASE = "{tag}"'),
+    }
+    old_ref = re.search(r'(?m)^RELEASE = "([^"]+)"',
+                        (ROOT / "labsim" / "course" / "links.py").read_text()).group(1)
+    for path, (pattern, new) in edits.items():
+        text, n = re.subn(pattern, new, path.read_text())
+        if n != 1:
+            print(f"release: {path} has no line matching {pattern}")
+            return 1
+        path.write_text(text)
+    readme = ROOT / "README.md"
+    readme.write_text(readme.read_text().replace(f"/blob/{old_ref}/", f"/blob/{tag}/")
+                      .replace(f"/labsim/{old_ref}?labpath=", f"/labsim/{tag}?labpath="))
+    _run(py, "-c", "from labsim.course.links import write_setup_cells; "
+         "write_setup_cells('solutions')", cwd=ROOT)
+    _run(py, "-m", "labsim", "release", "--no-execute", cwd=ROOT)
+    _run(*git, "commit", "-qam", f"Release {version}")
+    _run(*git, "tag", "-a", tag, "-m", f"Release {version}")
+    print(f"released {tag}: publish it with `git push origin main {tag}`")
+    return 0
+
+
+COMMANDS = {"lab": lab, "test": test, "release": release}
 
 
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         print(__doc__)
-        print("usage: python3 tasks.py {lab|test} [extra arguments]")
+        print("usage: python3 tasks.py {lab|test|release} [extra arguments]")
         return 2
     return COMMANDS[sys.argv[1]](sys.argv[2:])
 

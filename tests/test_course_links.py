@@ -65,14 +65,34 @@ def test_setup_cell_installs_the_package_on_colab_only(monkeypatch) -> None:
     assert magic == "pip"
     words = shlex.split(line)  # as the shell will see it
     assert words[:2] == ["install", "-q"]
-    assert words[2:] == [f"labsim @ git+https://github.com/{REPOSITORY}@{RELEASE}"]
+    assert words[2:] == [f"labsim[check] @ git+https://github.com/{REPOSITORY}@{RELEASE}"]
     assert "torch" not in line  # Colab keeps its own CUDA torch
 
 
-def test_the_pinned_release_is_this_version() -> None:
+def test_the_ref_the_labs_install_from_exists() -> None:
+    """The setup cell installs, and the badges open, a ref of this repository: the branch
+    until a release, then its tag (``python3 tasks.py release``), which must exist here (a
+    release pushed without its tag would install nothing on Colab)."""
+    import subprocess
+
     import labsim
 
-    assert RELEASE == f"v{labsim.__version__}"
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+                      capture_output=True, text=True).stdout.strip() == "true":
+        pytest.skip("a shallow clone does not hold every ref")
+    if RELEASE.startswith("v"):
+        assert RELEASE == f"v{labsim.__version__}"
+        ref = f"refs/tags/{RELEASE}"
+    else:
+        ref = RELEASE
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                            f"{ref}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode and not RELEASE.startswith("v"):  # a clone's branch may be remote
+        found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                                f"origin/{ref}^{{commit}}"], capture_output=True, text=True)
+    assert found.returncode == 0, f"{RELEASE} is not a ref of this repository"
 
 
 def test_restart_note_says_when_a_loaded_package_changed() -> None:
@@ -95,9 +115,12 @@ def test_core_install_leaves_preinstalled_packages_alone() -> None:
     spec = {re.split(r"[<>=;\[ ]", d, maxsplit=1)[0]: d for d in project["dependencies"]}
     # floors only: torch's is the oldest release whose APIs the labs import (pyproject.toml)
     assert spec["torch"] == "torch>=2.6" and spec["ipywidgets"] == "ipywidgets>=7.6"
-    assert {"nbformat", "nbclient", "nbval", "pytest"} <= {
-        re.split(r"[<>=;\[ ]", d, maxsplit=1)[0]
-        for d in project["optional-dependencies"]["grade"]}
+    check = {re.split(r"[<>=;\[ ]", d, maxsplit=1)[0]: d
+             for d in project["optional-dependencies"]["check"]}
+    assert {"nbformat", "nbclient", "nbval", "pytest"} <= set(check)
+    assert not {"ipykernel", "jupyter_client", "jupyterlab"} & set(check)  # Colab's own stay
+    assert "labsim[check]" in project["optional-dependencies"]["grade"]
+    assert "labsim[check]" in project["optional-dependencies"]["lab"]
 
 
 def test_the_library_imports_without_the_course_tools(tmp_path: Path) -> None:
@@ -137,8 +160,8 @@ def test_readme_has_a_colab_and_a_binder_badge_for_every_lab() -> None:
     for lab in labs:
         assert colab_url(lab) in readme, f"README lacks the Colab badge of {lab}"
         assert binder_url(lab) in readme, f"README lacks the Binder badge of {lab}"
-    colab = re.findall(rf"colab\.research\.google\.com/github/{REPOSITORY}/blob/main/(\S+?\.ipynb)",
-                       readme)
+    colab = re.findall(rf"colab\.research\.google\.com/github/{REPOSITORY}/blob/{RELEASE}/"
+                       r"(\S+?\.ipynb)", readme)
     binder = re.findall(r"labpath=(\S+?\.ipynb)", readme)
     for target in colab + [t.replace("%2F", "/") for t in binder]:
         assert (ROOT / target).exists(), f"a README badge points at {target}, which is missing"

@@ -202,6 +202,97 @@ print("PASS add: 5/5 cases passed")
 }
 
 
+# Work done where the check does not look: another thread, a child process, a copy of the
+# code, text run as code, the results file written by hand.  Each must score 0 on ``add``.
+AROUND = {
+    # a pool started when the cell is defined, doing the work for the function
+    "pool": """from concurrent.futures import ThreadPoolExecutor
+_pool = ThreadPoolExecutor(1)
+def add(a, b):
+    return _pool.submit(lambda: a + b).result()
+""",
+    # a thread started and joined inside the function
+    "thread": """import threading
+def add(a, b):
+    out = []
+    t = threading.Thread(target=lambda: out.append(a + b))
+    t.start()
+    t.join()
+    return out[0]
+""",
+    # a thread started below threading
+    "raw_thread": """import _thread, time
+def add(a, b):
+    out = []
+    _thread.start_new_thread(lambda: out.append(a + b), ())
+    while not out:
+        time.sleep(0.001)
+    return out[0]
+""",
+    # a child process computes it
+    "child": """import multiprocessing as mp
+def add(a, b):
+    with mp.get_context("fork").Pool(1) as pool:
+        return pool.apply(int.__add__, (a, b)) if isinstance(a, int) else a + b
+""",
+    # a copy of a function's code under another name
+    "code_copy": """def _honest(a, b):
+    return a + b
+add = type(_honest)(_honest.__code__.replace(co_name="add"), globals())
+""",
+    # the answer run from text
+    "text": """exec("def add(a, b):\\n    return a + b")
+""",
+    # results written by hand, then the collector stopped before writing its own
+    "prewrite": """import json, os
+def add(a, b):
+    out = {"value": a + b, "error": "", "error_types": [], "message": "", "observed": {}}
+    os.makedirs("/run/labsim/out", exist_ok=True)
+    with open("/run/labsim/out/check-0.json", "w") as fh:
+        json.dump({"$map": [["index", 0], ["outcomes", [{"$map": [[k, v] for k, v in
+                   out.items()]}] * 5]]}, fh)
+    raise SystemExit
+""",
+    # every input the run holds, read at definition time and shown in an error
+    "early_inputs": """import glob
+_seen = []
+for _p in glob.glob("/run/labsim/**", recursive=True) + glob.glob("/run/labsim/*/*"):
+    try:
+        _seen.append(_p + ":" + open(_p, errors="replace").read())
+    except OSError:
+        pass
+raise ValueError("INPUTS " + " ".join(_seen))
+""",
+}
+# What an honest learner does besides typing into the exercise cell: each earns full marks.
+HONEST = {
+    # the stub left as it is, the answer in a new cell right below it
+    "answer_below": lambda nb: _insert_after(nb, "exercise", 0, S["add"]),
+    # a helper of one's own in a cell of its own, before the exercise that uses it
+    "helper_cell": lambda nb: (_insert_after(nb, "exercise", 0,
+                                             "def _plus(a, b):\n    return a + b"),
+                               _set_exercise(nb, 0, "def add(a, b):\n    return _plus(a, b)")),
+    # a notebook whose check cells still show a FAIL from an earlier run
+    "stale_fail": lambda nb: [c.update(outputs=[{"output_type": "stream", "name": "stdout",
+                                                 "text": "FAIL add: 0/5 cases passed\n"}])
+                              for c in nb["cells"]
+                              if c["metadata"].get("labsim", {}).get("role") == "check"],
+}
+
+
+def _insert_after(nb: dict, role: str, index: int, source: str) -> None:
+    cells = [c for c in nb["cells"] if c["metadata"].get("labsim", {}).get("role") == role]
+    at = nb["cells"].index(cells[index]) + 1
+    nb["cells"].insert(at, {"cell_type": "code", "id": f"mine-{at}-{len(nb['cells'])}",
+                            "metadata": {}, "execution_count": None, "outputs": [],
+                            "source": source})
+
+
+def _set_exercise(nb: dict, index: int, source: str) -> None:
+    cells = [c for c in nb["cells"] if c["metadata"].get("labsim", {}).get("role") == "exercise"]
+    cells[index]["source"] = source
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("grade")
@@ -250,7 +341,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                      add='print("x" * 100_000_000)\n' + S["add"]),
         "segfault": gradelab.submission(lab, subs / "segfault.ipynb", add=S["add"],
                                         scale=S["scale"],
-                                        mean="import ctypes\nctypes.string_at(0)"),
+                                        mean="import os, signal\n"
+                                             "os.kill(os.getpid(), signal.SIGSEGV)"),
         "probes": gradelab.submission(lab, subs / "probes.ipynb", add=_probes(victims),
                                       scale=S["scale"], mean=S["mean"]),
         "leak": gradelab.submission(lab, subs / "leak.ipynb", add=_leak(victims),
@@ -279,6 +371,12 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
                  "os.remove(f'{out}/check-1.json')\n"
                  "os.symlink('/etc/passwd', f'{out}/check-1.json')\n" + S["mean"]),
         "other": gradelab.submission(lab, other, **S),
+        **{name: gradelab.submission(lab, subs / f"{name}.ipynb", add=src, scale=S["scale"],
+                                     mean=S["mean"]) for name, src in AROUND.items()},
+        **{name: gradelab.submission(lab, subs / f"{name}.ipynb", scale=S["scale"],
+                                     mean=S["mean"], edit=edit,
+                                     **({} if name == "answer_below" else {"add": S["add"]}))
+           for name, edit in HONEST.items()},
         **{name: gradelab.submission(lab, subs / f"{name}.ipynb", add=src, scale=S["scale"],
                                      mean=S["mean"]) for name, src in FORGE.items()},
     }
@@ -360,7 +458,8 @@ def test_one_row_per_submission_in_input_order(graded: dict) -> None:
     assert graded["rc"] == 0
     assert graded["order"] == [str(p) for p in graded["files"].values()]
     header = graded["out"].read_text().splitlines()[0]
-    assert header == "submission,status,add,scale,mean,add_big,total,max,reason,review,sandbox"
+    assert header == ("submission,learner,status,add,scale,mean,add_big,total,max,"
+                      "not_attempted,reason,review,sandbox")
 
 
 def test_no_submission_is_modified(graded: dict) -> None:
@@ -400,7 +499,8 @@ def test_correct_solution_earns_every_point(graded: dict) -> None:
 def test_released_stub_earns_nothing(graded: dict) -> None:
     assert scores(graded, "stub") == ("0", "0", "0", "0")
     assert row(graded, "stub")["status"] == "ok"
-    assert "not implemented yet" in feedback(graded, "stub")
+    assert "not attempted" in feedback(graded, "stub")
+    assert row(graded, "stub")["not_attempted"] == "add scale mean add_big"
 
 
 def test_partial_credit_from_the_graders_comparisons(graded: dict) -> None:
@@ -468,6 +568,38 @@ def test_a_forged_verdict_earns_nothing_and_the_rest_is_graded(graded: dict, nam
     assert r["review"], "the tools used are named for review"
 
 
+@pytest.mark.parametrize("name", ["pool", "thread", "raw_thread", "child", "code_copy",
+                                  "text", "prewrite"])
+def test_work_done_where_the_check_does_not_look_scores_zero(graded: dict, name: str) -> None:
+    r = row(graded, name)
+    assert r["add"] == "0" and r["add_big"] == "0", r
+    if name not in ("prewrite", "code_copy", "text"):  # these never define a working add
+        assert "add:" in r["review"] and "add_big:" in r["review"], r
+
+
+def test_a_pool_left_running_stops_the_checks_after_it(graded: dict) -> None:
+    assert "did not run: the notebook still has threads running" in feedback(graded, "pool")
+
+
+def test_a_collector_that_did_not_finish_leaves_nothing_that_counts(graded: dict) -> None:
+    assert "could not run: SystemExit" in feedback(graded, "prewrite")
+
+
+def test_the_checks_inputs_are_not_there_before_their_check_runs(graded: dict) -> None:
+    """The checks' inputs (the hidden check's 10**12 ...) never reach a cell that runs
+    before their check, so no text of the learner's carries them out."""
+    text = feedback(graded, "early_inputs") + str(row(graded, "early_inputs"))
+    assert "INPUTS" in text  # the exercise's error is reported ...
+    assert "1000000000000" not in text and "big1" not in text  # ... without any input
+
+
+@pytest.mark.parametrize("name", sorted(HONEST))
+def test_a_correct_notebook_earns_full_marks_however_it_is_laid_out(graded: dict,
+                                                                      name: str) -> None:
+    r = row(graded, name)
+    assert (r["status"], scores(graded, name), r["review"]) == ("ok", FULL, ""), r
+
+
 def test_exercise_code_that_patches_the_checks_is_flagged(graded: dict) -> None:
     assert "importlib" in row(graded, "forge_code")["review"]
     assert "set_custom_exc" in row(graded, "forge_custom_exc")["review"]
@@ -518,8 +650,9 @@ def test_killing_nbval_ends_the_run_and_keeps_earlier_points(graded: dict) -> No
 def test_results_the_learner_rewrote_are_refused_with_a_reason(graded: dict) -> None:
     r = row(graded, "bad_results")
     assert scores(graded, "bad_results")[:3] == ("0", "0", "1")
-    assert "invalid results: add" in r["review"]
-    assert "could not be read" in feedback(graded, "bad_results")
+    # written by a later cell over what the checks left: refused, named for review
+    assert "results rewritten: add" in r["review"] and "results rewritten: scale" in r["review"]
+    assert "were not the check's own" in feedback(graded, "bad_results")
 
 
 def test_keep_runs_copies_no_link_and_no_learner_root(graded: dict) -> None:
@@ -808,7 +941,8 @@ def test_a_package_under_the_hosts_tmp_is_visible_in_the_sandbox(tmp_path: Path,
     shipped.mkdir()
     (shipped / "marker.txt").write_text("bound")
     real = sb.package_dirs
-    monkeypatch.setattr(sb, "package_dirs", lambda: [*real(), str(shipped)])
+    monkeypatch.setattr(sb, "package_dirs",
+                        lambda graded=None: [*real(graded), (str(shipped), str(shipped))])
     lab = gradelab.release_lab(tmp_path / "course")
     add = (f"def add(a, b):\n    return a + b if open({str(shipped / 'marker.txt')!r}).read()"
            " == 'bound' else None\n")

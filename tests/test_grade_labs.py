@@ -249,11 +249,99 @@ def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):
     return float(total) if dist.get_rank() == dist.get_world_size() - 1 else 0.0
 '''
 
+# The attacks of the grading review, on the real labs: the reference (or a library shortcut)
+# reached from another thread, a child process, a copy of its code or its source text, and
+# the exercise done in numpy where the rules read torch's operators.
+MATMUL_POOL = '''from concurrent.futures import ThreadPoolExecutor
+import labsim.roofline as _r
+_pool = ThreadPoolExecutor(2)
+def matmul_flops(m, n, k):
+    return _pool.submit(_r.matmul_flops, m, n, k).result()
+'''
+MATMUL_CHILD = '''import multiprocessing as _mp
+def _work(q, m, n, k):
+    import labsim.roofline as r
+    q.put(r.matmul_flops(m, n, k))
+def matmul_flops(m, n, k):
+    q = _mp.get_context("fork").Queue()
+    p = _mp.get_context("fork").Process(target=_work, args=(q, m, n, k))
+    p.start()
+    p.join()
+    return q.get()
+'''
+MATMUL_CODE_COPY = '''import types
+import labsim.roofline as _r
+matmul_flops = types.FunctionType(_r.matmul_flops.__code__.replace(co_name="matmul_flops"),
+                                  vars(_r))
+'''
+MATMUL_LIBRARY_FILENAME = '''import labsim.roofline as _r
+_code = compile("def matmul_flops(m, n, k):\\n    return _r.matmul_flops(m, n, k)\\n",
+                _r.__file__, "exec")
+exec(_code)
+'''
+SEGMENTS_SOURCE = '''import inspect
+import labsim.checks.checkpointing as _ck
+exec(inspect.getsource(_ck.plan_segments).replace("def plan_segments", "def _mine"))
+plan_segments = _mine
+'''
+SCALER_POOL = '''from concurrent.futures import ThreadPoolExecutor
+_pool = ThreadPoolExecutor(1)
+class DynamicLossScaler:
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        self._s = _pool.submit(lambda: torch.amp.GradScaler(
+            "cpu", init_scale=init_scale, growth_factor=growth_factor,
+            backoff_factor=backoff_factor, growth_interval=growth_interval)).result()
+
+    def __getattr__(self, name):
+        attr = getattr(self._s, name)
+        return (lambda *a, **k: _pool.submit(attr, *a, **k).result()) if callable(attr) else attr
+'''
+TILED_NUMPY = '''import numpy as np
+def tiled_attention(q, k, v, causal=False, block_q=64, block_kv=64):
+    qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
+    s = qn @ np.swapaxes(kn, -1, -2) / np.sqrt(qn.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((p / p.sum(-1, keepdims=True)) @ vn)
+'''
+NAIVE_SDPA_THREAD = '''import threading
+def naive_attention(q, k, v, causal=False):
+    out = []
+    t = threading.Thread(target=lambda: out.append(
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+    t.start()
+    t.join()
+    return out[0]
+'''
+INT8_NUMPY = '''import numpy as np
+def int8_matmul(x_q, w_q, x_zero_point):
+    x = x_q.numpy().astype(np.float64) - float(x_zero_point)
+    return torch.from_numpy(np.rint(x @ w_q.numpy().astype(np.float64).T).astype(np.int32))
+'''
+DDP_LIBRARY_IN_THREAD = '''import threading
+class BucketDDP(nn.Module):
+    def __new__(cls, module, bucket_cap_bytes):
+        from labsim.parallel.data_parallel import DataParallelBucket
+        box = []
+        t = threading.Thread(target=lambda: box.append(
+            DataParallelBucket(module, bucket_cap_bytes=bucket_cap_bytes)))
+        t.start()
+        t.join()
+        return box[0]
+'''
+
 # per lab: [(exercises cut, the check column attacked, {attack: (exercise, source)}), ...]
 SINGLE_PROCESS = {
     "00_why_gpus": [
         (["matmul_flops"], "matmul_flops", {"reference": ("matmul_flops", MATMUL_REFERENCE),
-                                            "table": ("matmul_flops", MATMUL_TABLE)}),
+                                            "table": ("matmul_flops", MATMUL_TABLE),
+                                            "pool": ("matmul_flops", MATMUL_POOL),
+                                            "child": ("matmul_flops", MATMUL_CHILD),
+                                            "code_copy": ("matmul_flops", MATMUL_CODE_COPY),
+                                            "filename": ("matmul_flops",
+                                                         MATMUL_LIBRARY_FILENAME)}),
         (["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
         (["utilisation"], "utilisation",
          {"closed_form": ("utilisation", UTILISATION_CLOSED_FORM)})],
@@ -262,28 +350,36 @@ SINGLE_PROCESS = {
          {"library": ("predict_timeline", TIMELINE_LIBRARY)})],
     "02_mixed_precision": [
         (["DynamicLossScaler"], "loss_scaler",
-         {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS)})],
+         {"gradscaler": ("DynamicLossScaler", SCALER_SUBCLASS),
+          "gradscaler_pool": ("DynamicLossScaler", SCALER_POOL)})],
     "03_checkpointing": [
         (["selective_policy"], "selective_policy",
          {"save_everything": ("selective_policy", SAVE_EVERYTHING)}),
         (["checkpointed_forward"], "checkpointed_forward",
-         {"reference": ("checkpointed_forward", CHECKPOINT_REFERENCE)})],
+         {"reference": ("checkpointed_forward", CHECKPOINT_REFERENCE)}),
+        (["plan_segments"], "segment_plan", {"source": ("plan_segments", SEGMENTS_SOURCE)})],
     "04_flash_attention": [
         (["FlashAttention2"], "flash_attention2",
          {"autograd_naive": ("FlashAttention2", FA2_AUTOGRAD_NAIVE)}),
         (["tiled_attention"], "tiled_attention",
-         {"sdpa": ("tiled_attention", TILED_SDPA), "rows": ("tiled_attention", TILED_ROWS)})],
+         {"sdpa": ("tiled_attention", TILED_SDPA), "rows": ("tiled_attention", TILED_ROWS),
+          "numpy": ("tiled_attention", TILED_NUMPY)}),
+        (["naive_attention"], "naive_attention",
+         {"sdpa_thread": ("naive_attention", NAIVE_SDPA_THREAD)})],
     "05_kernel_fusion": [
         (["fused_chain"], "fused_chain", {"reference": ("fused_chain", FUSED_REFERENCE)})],
     "12_int8_quantization": [
-        (["int8_matmul"], "int8_matmul", {"float64": ("int8_matmul", INT8_FLOAT)})],
+        (["int8_matmul"], "int8_matmul", {"float64": ("int8_matmul", INT8_FLOAT),
+                                          "numpy": ("int8_matmul", INT8_NUMPY)})],
 }
 DISTRIBUTED = {
     "07_collectives": [
         (["ring_allreduce"], "ring_allreduce", {"library": ("ring_allreduce", RING_LIBRARY),
                                                 "group": ("ring_allreduce", RING_GROUP)})],
     "08_data_parallel": [
-        (["BucketDDP"], "bucketed_ddp", {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER)})],
+        (["BucketDDP"], "bucketed_ddp", {"per_parameter": ("BucketDDP", DDP_PER_PARAMETER),
+                                         "library_in_thread": ("BucketDDP",
+                                                               DDP_LIBRARY_IN_THREAD)})],
     "09_zero_fsdp": [
         (["ShardedOptimizer"], "sharded_optimizer",
          {"replicated": ("ShardedOptimizer", ZERO_REPLICATED)}),
@@ -337,7 +433,7 @@ class _GradedLabs:
                                                             column: str, attack: str) -> None:
         r = graded[stem][(column, attack)]
         assert r[column] == "0", r
-        assert column in r["review"] or "exercise cell calls" in r["review"], r
+        assert column in r["review"] or "exercise cell" in r["review"], r
 
 
 class TestSingleProcessLabs(_GradedLabs):

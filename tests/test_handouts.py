@@ -20,7 +20,7 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 CLAIM_TAG = re.compile(r"\b00[0-2]-Q?\d+\b")
 SOURCE_LINK = "../README.md#the-source-articles"
 INTERNAL_WORDS = re.compile(r"\bseeds?\b|\bseed's\b|\bissue \d+\b", re.I)
-FIXED_HEADINGS = ("On a GPU node", "Summary", "Questions")
+FIXED_HEADINGS = ("On a GPU node", "Summary", "Questions", "Check your notebook")
 
 
 def _cells(path: Path) -> list[dict]:
@@ -51,7 +51,7 @@ def test_the_opening_cell_is_the_handout(path: Path) -> None:
     for label in ("**What you will build**", "**Time:**", "**Hardware:**",
                   "**Checking your work:**"):
         assert label in text, f"the opening names {label}"
-    assert f"labsim check labs/{path.name}" in text
+    assert f"labsim check {path.name}" in text and "**Check my notebook**" in text
     assert "Run All stops" in text
 
 
@@ -70,9 +70,17 @@ def test_sections_are_numbered_and_end_with_summary_and_questions(path: Path) ->
     assert len(numbered) >= 2
     assert [int(h.split(".")[0]) for h in numbered] == list(range(1, len(numbered) + 1))
     assert set(others) <= set(FIXED_HEADINGS), f"unnumbered sections {others}"
-    assert heads[-2:] == ["Summary", "Questions"]
+    assert heads[-3:] == ["Summary", "Questions", "Check your notebook"]
     questions = next(t for t in _markdown(path) if t.lstrip().startswith("## Questions"))
     assert len(re.findall(r"^\d+\. ", questions, re.M)) >= 3, "a few questions, numbered"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_lab_ends_with_its_self_check(path: Path) -> None:
+    """The button that grades the notebook as the grader will is the last code cell."""
+    code = [_src(c) for c in _cells(path) if c["cell_type"] == "code"]
+    assert code[-1] == ("# NBVAL_IGNORE_OUTPUT\nfrom labsim.widgets.check import "
+                        "check_button\n\ncheck_button()")
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)

@@ -171,21 +171,22 @@ def _nbval(path: Path) -> dict[str, str]:
     return outcomes
 
 
-def _labsim_check(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "labsim", "check", str(path)],
+def _labsim_check(path: Path, lab: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labsim", "check", "--lab", str(lab),
+                           str(path), "--timeout-cell", "60"],
                           capture_output=True, text=True, cwd=path.parent, timeout=600)
 
 
-def test_labsim_check_compares_each_check_with_its_expected_line(tiny_course) -> None:
+def test_labsim_check_grades_the_notebook_as_the_grader_does(tiny_course) -> None:
     solutions, labs = tiny_course
     rel.release(solutions, labs)
     lab_path = labs / "00_tiny.ipynb"
-    stub = _labsim_check(lab_path)
-    assert stub.returncode == 1
-    # the check's message and a hint, no traceback through labsim's code
-    assert "ExerciseNotDone: FAIL add: 0/5 cases passed" in stub.stdout
-    assert "not implemented yet" in stub.stdout and "hint:" in stub.stdout
-    assert "labsim/checks" not in stub.stdout
+    stub = _labsim_check(lab_path, lab_path)
+    assert stub.returncode == 1, stub.stdout + stub.stderr
+    # one line per check in the notebook's words, no traceback through labsim's code
+    assert "TODO  add: not started" in stub.stdout
+    assert "0 of 2 checks pass; next: add" in stub.stdout
+    assert "Traceback" not in stub.stdout and "labsim/checks" not in stub.stdout
     nb = nbformat.read(lab_path, as_version=4)
     for cell in nb.cells:
         if cell.metadata["labsim"]["role"] == "exercise":
@@ -193,14 +194,17 @@ def test_labsim_check_compares_each_check_with_its_expected_line(tiny_course) ->
                                               else "return x * k")
     done = labs / "00_tiny_done.ipynb"
     nbformat.write(nb, done)
-    assert _labsim_check(done).returncode == 0
+    ran = _labsim_check(done, lab_path)
+    assert ran.returncode == 0 and "2 of 2 checks pass" in ran.stdout, ran.stdout
     # The trick that hides errors from nbval (and a printed PASS line) do not pass a check.
     nb = nbformat.read(lab_path, as_version=4)
     nb.cells.insert(1, nbformat.v4.new_code_cell(
-        "get_ipython().showtraceback = lambda *a, **k: None"))
+        "get_ipython().showtraceback = lambda *a, **k: None\n"
+        "print('PASS add: 5/5 cases passed')"))
     hidden = labs / "00_tiny_hidden.ipynb"
     nbformat.write(nb, hidden)
-    outcomes = _nbval_expected(hidden)
+    assert _labsim_check(hidden, lab_path).returncode == 1
+    outcomes = _nbval_expected(hidden)  # the in-notebook check cells fail too
     code = [c for c in nb.cells if c.cell_type == "code"]
     for index in [i for i, c in enumerate(code) if nbk.is_check(c)]:
         assert outcomes[f"Cell {index}"] == "failed", outcomes

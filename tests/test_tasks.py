@@ -79,6 +79,11 @@ def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) 
         assert lab["type"] == "notebook" and lab["content"]["cells"]
         output = log_path.read_text(errors="replace")
         assert f"127.0.0.1:{port}" in output and token in output  # the URL a learner opens
+        # what every lab's opening tells the learner, typed in JupyterLab's own terminal
+        said = _in_terminal(port, token, "labsim check 00_why_gpus.ipynb",
+                            until="checks pass", timeout_s=600)
+        assert "0 of 8 checks pass; next: matmul_flops" in said, said[-3000:]
+        assert "TODO  matmul_flops: not started" in said
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             assert "--allow-root" in output
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
@@ -92,6 +97,40 @@ def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) 
         time.sleep(0.2)
     assert not _alive(proc.pid), "processes of the lab command outlived Ctrl-C"
     assert (clone / ".venv").is_dir()  # the clone set itself up, in its own environment
+
+
+def _in_terminal(port: int, token: str, command: str, until: str, timeout_s: float) -> str:
+    """Open a terminal in the running JupyterLab (its REST API and websocket, as the browser
+    does), type ``command`` and return what it printed up to a line containing ``until``."""
+    import asyncio
+    import urllib.request
+
+    from tornado.websocket import websocket_connect
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/terminals?token={token}",
+                                     data=b"{}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        name = json.loads(reply.read())["name"]
+
+    async def talk() -> str:
+        ws = await websocket_connect(
+            f"ws://127.0.0.1:{port}/terminals/websocket/{name}?token={token}")
+        await ws.write_message(json.dumps(["stdin", command + "\r"]))
+        seen = ""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = await asyncio.wait_for(ws.read_message(), timeout_s)
+            if message is None:
+                break
+            kind, *rest = json.loads(message)
+            if kind == "stdout":
+                seen += "".join(rest)
+                if until in seen.split(command, 1)[-1]:
+                    break
+        ws.close()
+        return seen
+
+    return asyncio.run(talk())
 
 
 def test_lab_overrides_merge_into_an_environment(tmp_path: Path) -> None:

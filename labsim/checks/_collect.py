@@ -178,7 +178,7 @@ def install(shell: Any = None) -> None:
         pass
     hashes = set(config.get("exercise_hashes", []))
     codes = reference_codes(config.get("forbid", []))
-    if shell is None or not hashes or not codes:
+    if shell is None or not hashes:
         return
     hits: list[list[Any]] = []
     state: dict[str, Any] = {}
@@ -189,14 +189,16 @@ def install(shell: Any = None) -> None:
             wire = Tripwire(codes)
             wire.arm(None)
             state["wire"], state["digest"] = wire, digest
+            state["refused"] = len(active.refused)
 
     def post(result: Any) -> None:
         wire = state.pop("wire", None)
         if wire is None:
             return
         wire.disarm()
-        if wire.hits:
-            hits.append([state["digest"], list(wire.hits)])
+        refused = [f"refused: {r}" for r in active.refused[state.pop("refused", 0):]]
+        if wire.hits or refused:
+            hits.append([state["digest"], [*wire.hits, *dict.fromkeys(refused)]])
             write_plain(folder / "out" / "exercises.json", hits)
 
     shell.events.register("pre_run_cell", pre)

@@ -32,8 +32,9 @@ from typing import Any
 
 from labsim.checks import _plain
 from labsim.checks._observe import (
-    ELSEWHERE_ALLOWANCE_S,
     LEAVES_TORCH,
+    OUTSIDE,
+    outside_reason,
     passed_references,
     watch,
 )
@@ -327,30 +328,14 @@ class Hidden:
 
 
 def outside_rule(spec: Spec, out: Outcome) -> str | None:
-    """The rules every check holds, from what ``watch`` saw outside the learner's operators:
-    nothing the graded run's guard refused, no thread left running, no work on other threads
-    (more CPU than ``ELSEWHERE_ALLOWANCE_S`` plus 5 % of the function's own), and, for a
-    ``torch_only`` check, no tensor data handed to numpy, lists or pointers."""
+    """The rules every check holds, from what ``watch`` saw outside the learner's operators
+    (``_observe.outside_reason``: nothing the graded run's guard refused, no thread started
+    or left running, no work on other threads), and, for a ``torch_only`` check, no tensor
+    data handed to numpy, lists or pointers by the learner's code."""
     obs = out.observed if isinstance(out.observed, Mapping) else {}
-    refused = obs.get("refused")
-    if refused:
-        return (f"it tried {', '.join(map(str, list(refused)[:3]))}, which a graded run "
-                "refuses to notebook code")
-    started = obs.get("threads_started")
-    if started:
-        return (f"it started threads ({', '.join(map(str, list(started)[:3]))}): the check "
-                "sees only your function's own thread, so do the work there")
-    left = obs.get("threads_left")
-    if left:
-        return (f"it left threads running ({', '.join(map(str, list(left)[:3]))}): the check "
-                "sees only your function's own thread, so do the work there (or join your "
-                "threads before it returns)")
-    elsewhere, own = obs.get("elsewhere_cpu_s"), obs.get("cpu_s", 0.0)
-    if (isinstance(elsewhere, (int, float)) and isinstance(own, (int, float))
-            and elsewhere > ELSEWHERE_ALLOWANCE_S + 0.05 * own):
-        return (f"{elsewhere * 1e3:.0f} ms of CPU ran on other threads while it ran "
-                f"({own * 1e3:.0f} ms on its own): the check sees only your function's own "
-                "thread, so do the work there")
+    reason = outside_reason(obs)
+    if reason is not None:
+        return reason
     if spec.torch_only:
         left_torch = sorted(set(obs.get("functions") or ()) & LEAVES_TORCH)
         if left_torch:
@@ -371,7 +356,7 @@ def _error_reason(case: Case, out: Outcome) -> str | None:
     if out.error == "NotImplementedError":
         return NOT_DONE
     if out.error == "NotebookBusy":  # the collector's own refusal to run beside other work
-        return "the check did not run: " + out.message
+        return "breaks a rule of this exercise: the check did not run: " + out.message
     message = out.message.splitlines()[0] if out.message else ""
     return f"raised {out.error}" + (f": {message}" if message else "")
 
@@ -384,14 +369,19 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
     errors = 0
     reasons: list[tuple[Case, str]] = []
     for case, out in zip(cases, outcomes, strict=True):
-        refs = out.observed.get("references") if isinstance(out.observed, Mapping) else None
+        seen = out.observed.get("references") if isinstance(out.observed, Mapping) else None
+        seen = [str(r) for r in seen or []]
+        refs = [r for r in seen if not r.startswith(OUTSIDE)]
+        broke = [r[len(OUTSIDE):] for r in seen if r.startswith(OUTSIDE)]
         reason: str | None = None
         withheld = "ReferenceWithheld" in out.error_types
         if refs or withheld:
-            names = list(refs or [])[:3] or [out.message.split(" is withheld", 1)[0][:100]]
+            names = refs[:3] or [out.message.split(" is withheld", 1)[0][:100]]
             reason = ("calls labsim's own reference "
                       + ", ".join(f"`{r}`" for r in names)
                       + ": write the exercise yourself")
+        elif broke:  # what a worker's watch saw outside the function, carried as a reference
+            reason = "breaks a rule of this exercise: " + broke[0]
         else:
             try:
                 outside = outside_rule(spec, out)
@@ -440,7 +430,8 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
 def _rule_key(reason: str) -> str:
     """A broken rule's reason without what differs from case to case (numbers, the lists in
     parentheses): one review flag per rule."""
-    return re.sub(r"\([^)]*\)|`[^`]*`|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#", reason)
+    return re.sub(r"\([^)]*\)|\[[^\]]*\]|`[^`]*`|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?", "#",
+                  reason)
 
 
 def _short(value: Any, limit: int = 160) -> str:

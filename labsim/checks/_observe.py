@@ -232,14 +232,20 @@ def _frames(frame: FrameType | None, boundary: FrameType | None) -> list[FrameTy
 
 
 class _FunctionNames(torch.overrides.TorchFunctionMode):
-    """The names of the torch functions and methods called (``__torch_function__`` level)."""
+    """The names of the torch functions and methods called (``__torch_function__`` level);
+    of those that hand data out of torch (``LEAVES_TORCH``), only the calls the learner's
+    own code makes (torch's internals use them too)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names: set[str] = set()
+        self.prefixes = _prefixes()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.names.add(getattr(func, "__name__", str(func)))
+        name = getattr(func, "__name__", str(func))
+        if name not in LEAVES_TORCH or not trusted(
+                sys._getframe(1).f_code.co_filename, self.prefixes):
+            self.names.add(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -250,6 +256,35 @@ LEAVES_TORCH = frozenset({"numpy", "__array__", "tolist", "data_ptr", "untyped_s
 # CPU time other threads of the process may use while a learner's function runs (the kernel's
 # own message threads use well under a millisecond); more is work done outside the function.
 ELSEWHERE_ALLOWANCE_S = 0.02
+
+
+OUTSIDE = "outside: "  # a ``references`` entry that is a rule broken outside the function
+
+
+def outside_reason(obs: Any) -> str | None:
+    """What ``watch`` saw happen outside the learner's function that breaks the rules every
+    check holds: something the graded run's guard refused, a thread started or left running,
+    work on other threads; None when nothing did."""
+    refused = obs.get("refused")
+    if refused:
+        return (f"it tried {', '.join(map(str, list(refused)[:3]))}, which a graded run "
+                "refuses to notebook code")
+    started = obs.get("threads_started")
+    if started:
+        return (f"it started threads ({', '.join(map(str, list(started)[:3]))}): the check "
+                "sees only your function's own thread, so do the work there")
+    left = obs.get("threads_left")
+    if left:
+        return (f"it left threads running ({', '.join(map(str, list(left)[:3]))}): the check "
+                "sees only your function's own thread, so do the work there (or join your "
+                "threads before it returns)")
+    elsewhere, own = obs.get("elsewhere_cpu_s"), obs.get("cpu_s", 0.0)
+    if (isinstance(elsewhere, (int, float)) and isinstance(own, (int, float))
+            and elsewhere > ELSEWHERE_ALLOWANCE_S + 0.05 * own):
+        return (f"{elsewhere * 1e3:.0f} ms of CPU ran on other threads while it ran "
+                f"({own * 1e3:.0f} ms on its own): the check sees only your function's own "
+                "thread, so do the work there")
+    return None
 
 
 def _cpu_s() -> tuple[float, float]:
@@ -373,4 +408,7 @@ class watch:  # noqa: N801 - used as a context manager, like a function
             out["threads_started"] = list(self.wire.threads_started)
         if self._refused:
             out["refused"] = self._refused[:10]
+        reason = outside_reason(out)
+        if reason is not None:  # carried with the references by every driver, workers' too
+            out["references"].append(OUTSIDE + reason)
         return out

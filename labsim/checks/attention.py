@@ -83,7 +83,7 @@ def _naive_attention_cases() -> list[Case]:
 
 
 naive_attention = Spec("naive_attention", _naive_attention_cases, rules=(_no_sdpa,),
-                       forbid=FORBID, names=True)
+                       forbid=FORBID, names=True, torch_only=True)
 """``fn(q, k, v, causal=False)`` must equal SDPA for (..., N, d) inputs, without calling it."""
 
 
@@ -136,7 +136,8 @@ def _tiled_attention_cases() -> list[Case]:
 
 
 tiled_attention = Spec("tiled_attention", _tiled_attention_cases,
-                       rules=(_no_sdpa, _tiles_only), forbid=FORBID, names=True)
+                       rules=(_no_sdpa, _tiles_only), forbid=FORBID, names=True,
+                       torch_only=True)
 """``fn(q, k, v, causal=False, block_q=64, block_kv=64)``: exact, never calls SDPA, and never
 creates a tensor larger than a tile of scores (or an input's size)."""
 
@@ -292,7 +293,7 @@ def _fa2_cases() -> list[Case]:
 
 flash_attention2 = Spec("flash_attention2", _fa2_cases, drive=_drive_fa2,
                         rules=(_no_sdpa, _saves_o_and_l_only, _fa2_tiles_only),
-                        forbid=FORBID, names=True)
+                        forbid=FORBID, names=True, torch_only=True)
 """``cls``: a ``torch.autograd.Function`` with ``forward(ctx, q, k, v, is_causal=False) -> O``
 (..., Nq, d) that saves L = logsumexp(Q K^T / sqrt d) (one value per query row) with Q, K, V
 and O, and ``backward(ctx, dO) -> (dQ, dK, dV, None)`` that recomputes P from L; never SDPA,

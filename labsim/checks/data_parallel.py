@@ -121,7 +121,15 @@ def _outcomes(values: Sequence[Any], observed: dict) -> list[Outcome]:
 
 
 def _refs(*runs: Any) -> list[str]:
-    return sorted({r for run in runs if isinstance(run, DdpRun) for r in run.references})
+    """What the watches of every run saw: references called, rules broken outside the
+    function (an error outcome carries them in its observations)."""
+    found = set()
+    for run in runs:
+        if isinstance(run, DdpRun):
+            found.update(run.references)
+        elif isinstance(run, Outcome):
+            found.update(map(str, run.observed.get("references", [])))
+    return sorted(found)
 
 
 def _first_error(*runs: Any) -> Outcome | None:
@@ -370,7 +378,7 @@ def naive_worker(rank: int, world: int, sync: Callable, average: Callable,
             res = _guard(average, model)
         refs += seen.summary()["references"]
         if isinstance(res, Outcome):
-            return res
+            return with_references(res, refs)
         opt.step()
         opt.zero_grad()
         losses.append(_global_mean(float(loss.detach())))
@@ -392,7 +400,7 @@ def bucket_worker(rank: int, world: int, cls: Callable,
             ddp = _guard(cls, model, cap)
         refs = list(seen.summary()["references"])
         if isinstance(ddp, Outcome):
-            out.append(ddp)
+            out.append(with_references(ddp, refs))
             continue
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
         losses, steps, err = [], [], None
@@ -419,11 +427,19 @@ def bucket_worker(rank: int, world: int, cls: Callable,
             opt.zero_grad()
             losses.append(total)
         if isinstance(err, Outcome):
-            out.append(err)
+            out.append(with_references(err, refs))
             continue
         out.append(DdpRun([_global_mean(v) for v in losses], parameters_of(model),
                           _spread(model), steps=steps, references=sorted(set(refs))))
     return out
+
+
+def with_references(outcome: Outcome, refs: Sequence[str]) -> Outcome:
+    """An error ``outcome`` that also carries what the watch saw (``references``)."""
+    from dataclasses import replace
+
+    seen = list(dict.fromkeys([*outcome.observed.get("references", []), *refs]))
+    return replace(outcome, observed={**outcome.observed, "references": seen})
 
 
 def accumulate_worker(rank: int, world: int, fn: Callable, ks: Sequence[int],
@@ -447,7 +463,7 @@ def accumulate_worker(rank: int, world: int, fn: Callable, ks: Sequence[int],
                 err = value
                 break
             losses.append(_global_mean(value))
-        out.append(err if err is not None else DdpRun(
+        out.append(with_references(err, refs) if err is not None else DdpRun(
             losses, parameters_of(ddp.module), _spread(ddp), steps=steps,
             references=sorted(set(refs))))
     return out

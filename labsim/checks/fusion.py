@@ -50,7 +50,7 @@ def _fused_chain_cases() -> list[Case]:
 
 
 fused_chain = Spec("fused_chain", _fused_chain_cases,
-                   rules=(_only_the_output,), forbid=FORBID_CHAIN)
+                   rules=(_only_the_output,), forbid=FORBID_CHAIN, torch_only=True)
 """``fn(x, bias, residual, keep, p, chunk_rows=256)`` equals the separate ops, and builds
 no full-size intermediate (only its output)."""
 

@@ -64,7 +64,7 @@ def feedback_text(lab: str, result: Any) -> str:
         state = getattr(s, "status", "pass" if s.passed else "fail")
         lines.append(f"  {MARKS.get(state, 'FAIL')}  {kind} {s.check.name} ({pts})"
                      + ("" if state in ("pass", "fail") else f": {state}"))
-        if state == "fail" or state == "waiting":
+        if state in ("fail", "waiting", "not run"):
             lines.append(_indent(s.detail))
     broken = [s for s in result.scores if s.flags]
     if result.reasons or result.notes or broken:

@@ -195,7 +195,11 @@ class Expectations:
 
 
 def _flag(reason: str) -> str:
-    return sanitize(reason.split(": ", 1)[-1], 80)
+    """A review flag from a broken rule's reason: the rule ("breaks a rule of this exercise:
+    RULE") or the reference named ("calls labsim's own reference `X`")."""
+    if reason.startswith("calls labsim"):
+        return sanitize(reason.split(": write", 1)[0], 120)
+    return sanitize(reason.split(": ", 1)[-1], 100)
 
 
 def judge_check(index: int, check: rb.Check, exp: Expectations, out_dir: Path,
@@ -276,7 +280,8 @@ def score_run(
     code_errors = 0
     seen_exercise = False
     skipped: set[str] = set()  # names of the lab's cells that could not run while grading
-    code_sources = [c.source for c in rebuilt.notebook.cells if c.cell_type == "code"]
+    code_sources = ([c.source for c in rebuilt.notebook.cells if c.cell_type == "code"]
+                    if rebuilt.notebook is not None else [""] * len(rebuilt.cells))
     last = -1  # the last cell whose record counts
     for number, cell in enumerate(rebuilt.cells):
         record = records.get(number)
@@ -379,15 +384,19 @@ def _exercise_references(out_dir: Path, exp: Expectations, scores: list[CheckSco
     """References an exercise cell called while it was defined: flagged, and every check
     forbidding one of them scores 0."""
     got = _exercise_calls(out_dir)
-    called = {sanitize(r, 120) for _, refs in got for r in refs if isinstance(r, str)}
+    seen = [sanitize(r, 120) for _, refs in got for r in refs if isinstance(r, str)]
+    tried = list(dict.fromkeys(r.removeprefix("refused: ") for r in seen
+                               if r.startswith("refused: ")))
+    flags = [f"an exercise cell tried {', '.join(tried)[:200]} (refused)"] if tried else []
+    called = {r for r in seen if not r.startswith("refused: ")}
     if not called:
-        return []
+        return flags
     for i, s in enumerate(scores):
         if exp.forbidden[i] & called and s.score:
             scores[i] = CheckScore(s.check, 0.0, False, "an exercise cell called labsim's own "
                                    "reference (" + ", ".join(sorted(called))[:200] + ")",
                                    s.flags)
-    return [f"an exercise cell calls {', '.join(sorted(called))[:200]}"]
+    return [*flags, f"an exercise cell calls {', '.join(sorted(called))[:200]}"]
 
 
 def _exercise_calls(out_dir: Path) -> list[Any]:

@@ -59,7 +59,8 @@ def serve(lab: str, extra: str) -> int:
     limit = used + MEMORY_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     out = sys.stdout
-    print(json.dumps({"ready": len(checks)}), file=out, flush=True)
+    out.write(json.dumps({"ready": len(checks)}) + "\n")
+    out.flush()
     for line in sys.stdin:
         try:
             request = json.loads(line)
@@ -72,7 +73,8 @@ def serve(lab: str, extra: str) -> int:
             answer = {"unreadable": "its results are nested too deeply"}
         except Exception as exc:  # noqa: BLE001 - one bad request never stops the judge
             answer = {"unreadable": f"its results could not be judged ({type(exc).__name__})"}
-        print(json.dumps(answer), file=out, flush=True)
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
     return 0
 
 

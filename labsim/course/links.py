@@ -66,6 +66,24 @@ def restart_note(loaded: dict[str, str] | None = None) -> str:
             "had loaded was changed, so no restart is needed.")
 
 
+def write_setup_cells(solutions: str) -> int:
+    """Make the first code cell of every solution notebook in ``solutions`` the current
+    ``SETUP_CELL`` (after ``RELEASE`` changed); returns how many changed."""
+    import json
+    from pathlib import Path
+
+    changed = 0
+    for path in sorted(Path(solutions).glob("[0-9][0-9]_*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+        if first["source"] != SETUP_CELL:
+            first["source"] = SETUP_CELL
+            path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False)
+                            + "\n", encoding="utf-8")
+            changed += 1
+    return changed
+
+
 def colab_url(notebook: str) -> str:
     """Open ``notebook`` (a path in the repository, e.g. 'labs/00_why_gpus.ipynb') in Colab."""
     return f"https://colab.research.google.com/github/{REPOSITORY}/blob/{RELEASE}/{notebook}"

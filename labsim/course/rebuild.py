@@ -220,6 +220,13 @@ SUSPICIOUS_NAMES = frozenset({
     "_pop_mode", "_pop_torch_function_stack", "_disable_profiler", "setattr", "delattr",
 })
 SUSPICIOUS_TEXT = ("PASS ", "LABSIM_GRADE", "/proc", "ptrace", "/run/labsim")
+# attribute names that say the same after any object (``get_ipython().set_custom_exc``)
+SUSPICIOUS_ATTRIBUTES = frozenset({
+    "showtraceback", "set_custom_exc", "__code__", "__closure__", "cell_contents",
+    "__globals__", "f_locals", "f_back", "f_globals", "_getframe", "currentframe",
+    "setprofile", "settrace", "_current_frames", "register_at_fork", "addaudithook",
+    "_disable_profiler", "_pop_torch_function_stack", "_exit",
+})
 
 
 def suspicious(source: str) -> list[str]:
@@ -251,9 +258,9 @@ def suspicious(source: str) -> list[str]:
                     if ".".join(parts[:k]) in SUSPICIOUS_NAMES:
                         found.append(".".join(parts[:k]))
                         break
-            for part in parts[1:]:  # attributes that matter wherever they appear
-                if part in ("__code__", "__closure__", "cell_contents", "__globals__",
-                            "f_locals", "f_back", "f_globals", "_getframe"):
+            attributes = parts if prev == "." else parts[1:]
+            for part in attributes:  # attributes that matter wherever they appear
+                if part in SUSPICIOUS_ATTRIBUTES:
                     found.append(part)
             i = j
             continue
@@ -261,6 +268,19 @@ def suspicious(source: str) -> list[str]:
             found += [t.strip() for t in SUSPICIOUS_TEXT if t in tok.string]
         i += 1
     return list(dict.fromkeys(found))
+
+
+def _take_defining(added: dict[Any, list[Any]], names: tuple[str, ...]) -> Any | None:
+    """Remove from ``added`` and return the last added cell defining one of ``names``."""
+    found = None
+    for cells in added.values():
+        for cell in cells:
+            if names and _defines_any(cell.source, names):
+                found = (cells, cell)
+    if found is None:
+        return None
+    found[0].remove(found[1])
+    return found[1]
 
 
 def _same(a: str, b: str) -> bool:
@@ -327,7 +347,12 @@ def rebuild(lab: ReleasedLab, sub: Any, extra: ExtraChecks | None = None) -> Reb
             names = lab.exercises.get(cell.id, ())
             what = f"exercise `{names[0]}`" if names else f"exercise cell {cell.id}"
             if mine is None or mine.cell_type != "code":
-                if not any(_defines_any(src, names) for src in added_sources):
+                # deleted: the learner's last cell defining it takes its place (moved)
+                moved = _take_defining(added, names)
+                if moved is not None:
+                    new.source = moved.source
+                    flags.extend(suspicious(moved.source))
+                else:
                     notes.append(f"{what}: not found in the submission (deleted?); the "
                                  "unanswered exercise was graded")
             else:

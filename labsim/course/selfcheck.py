@@ -1,5 +1,5 @@
-"""A learner checks their own notebook the way the grader will: ``labsim check`` and
-``check_notebook()`` (a notebook's last cell; what works on Colab and Binder).
+"""A learner checks their own notebook the way the grader will: ``labsim check`` (and the
+Check button at the end of every lab, ``labsim.widgets.check``, which runs it).
 
 Both grade the notebook with ``labsim grade``'s own pipeline -- rebuilt from the lab's release
 (the copy ``labsim release`` keeps in the package, ``labsim/data/labs/``), run in a fresh
@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,14 +129,15 @@ class SelfCheck:
 
 
 def run(notebook: Path, *, timeout_cell: float = 300.0, timeout_notebook: float = 1800.0,
-        keep: Path | None = None) -> SelfCheck:
-    """Grade ``notebook`` as the grader would (see the module docstring)."""
+        keep: Path | None = None, release: Path | None = None) -> SelfCheck:
+    """Grade ``notebook`` as the grader would (see the module docstring), against
+    ``release`` (default: the package's copy of its lab)."""
     from labsim.course import grade as gr
     from labsim.course import sandbox as sb
 
     notebook = Path(notebook)
-    nb = nbk.read(notebook)
-    release = find_release(notebook, nb)
+    if release is None:
+        release = find_release(notebook, nbk.read(notebook))
     limits = sb.Limits(timeout_cell, max(timeout_notebook, timeout_cell), 4 * sb.GiB)
     options = gr.Options(limits=limits, jobs=1, keep_dir=keep, cache_dir=cache_dir())
     report = gr.grade(release, [notebook], options)
@@ -157,129 +155,4 @@ def cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / "labsim-cache"
 
 
-# -- from inside a notebook -------------------------------------------------------------------
-
-def current_notebook() -> tuple[Path | None, str]:
-    """The notebook this kernel runs, as a file: (path, "") or (None, why not found).
-    JupyterLab and Notebook 7 name it in ``JPY_SESSION_NAME``; VS Code in
-    ``__vsc_ipynb_file__``; Colab hands over its content, saved to a temporary file."""
-    session = os.environ.get("JPY_SESSION_NAME", "")
-    if session and Path(session).is_file():
-        return Path(session), ""
-    try:
-        ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
-    except NameError:
-        ip = None
-    vsc = ip.user_ns.get("__vsc_ipynb_file__") if ip is not None else None
-    if vsc and Path(vsc).is_file():
-        return Path(vsc), ""
-    if "google.colab" in sys.modules:
-        try:
-            from google.colab import _message  # type: ignore[import-not-found]
-
-            content = _message.blocking_request("get_ipynb", request="", timeout_sec=60)
-            nb = content["ipynb"]
-        except Exception as exc:  # noqa: BLE001 - Colab's private API: say what failed
-            return None, f"Colab did not hand over the notebook ({type(exc).__name__})"
-        folder = Path(tempfile.mkdtemp(prefix="labsim-check-"))
-        name = _colab_name(nb)
-        path = folder / name
-        path.write_text(json.dumps(nb), encoding="utf-8")
-        return path, ""
-    return None, ("this front end does not say which notebook it runs; run `labsim check "
-                  "NOTEBOOK` in a terminal instead, or pass the file: check_notebook(\"path\")")
-
-
-def _colab_name(nb: dict) -> str:
-    ids = {c.get("id") for c in nb.get("cells", [])}
-    for candidate in sorted(package_labs().glob("*.ipynb")):
-        lab = json.loads(candidate.read_text(encoding="utf-8"))
-        if {c.get("id") for c in lab["cells"]} & ids:
-            return candidate.name
-    return "notebook.ipynb"
-
-
-def unsaved_changes(path: Path) -> list[str]:
-    """Exercise functions whose code in this kernel differs from the saved notebook's (the
-    learner ran a change without saving), by name."""
-    try:
-        ip = get_ipython()  # type: ignore[name-defined]  # noqa: F821
-    except NameError:
-        return []
-    import inspect
-
-    saved = "\n".join(c.source for c in nbk.read(path).cells if c.cell_type == "code")
-    changed = []
-    for name, value in list(ip.user_ns.items()):
-        if name.startswith("_") or not inspect.isfunction(value):
-            continue
-        if not str(getattr(value, "__module__", "")).startswith("__main__"):
-            continue
-        try:
-            source = inspect.getsource(value)
-        except (OSError, TypeError):
-            continue
-        if re.search(rf"^(?:async\s+)?def\s+{re.escape(name)}\b", saved, flags=re.M) and (
-                source.strip() not in saved):
-            changed.append(name)
-    return sorted(changed)
-
-
-def check_notebook(path: str | Path | None = None, *, timeout_cell: float = 300.0) -> bool:
-    """Check this notebook (or ``path``) the way the grader will, printing one line per
-    check; True when every check passes.  Runs ``labsim check`` in a separate process on the
-    saved notebook (save first: in JupyterLab, Ctrl+S)."""
-    if path is None:
-        found, why = current_notebook()
-        if found is None:
-            print(f"labsim check: {why}")
-            return False
-    else:
-        found = find_notebook(path)
-    if "google.colab" not in sys.modules:
-        stale = unsaved_changes(found)
-        if stale:
-            print(f"labsim check: the saved notebook differs from what this kernel ran "
-                  f"({', '.join(stale[:4])}): save it (Ctrl+S), then run this cell again")
-            return False
-    cmd = [sys.executable, "-m", "labsim", "check", str(found),
-           f"--timeout-cell={timeout_cell:g}"]
-    print(f"checking {found.name} as the grader will (a fresh kernel runs it; this takes as "
-          "long as Run All)...", flush=True)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={k: v for k, v in os.environ.items()
-                                 if k not in ("JPY_SESSION_NAME", "MPLBACKEND")})
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(line, end="", flush=True)
-    return proc.wait() == 0
-
-
-def check_button(path: str | Path | None = None) -> Any:
-    """A "Check my notebook" button (the last cell of every lab): Run All only shows it;
-    pressing it runs ``check_notebook`` and prints its lines below it."""
-    try:
-        import ipywidgets as widgets
-    except ImportError:  # pragma: no cover - ipywidgets is a dependency
-        print("run check_notebook() to check this notebook the way the grader will")
-        return None
-    button = widgets.Button(description="Check my notebook", icon="check",
-                            tooltip="save first (Ctrl+S); runs the notebook in a fresh kernel "
-                                    "and judges every check as the grader will")
-    output = widgets.Output()
-
-    def on_click(_: Any) -> None:
-        button.disabled = True
-        output.clear_output()
-        with output:
-            try:
-                check_notebook(path)
-            finally:
-                button.disabled = False
-
-    button.on_click(on_click)
-    return widgets.VBox([button, output])
-
-
-__all__ = ["SelfCheck", "cache_dir", "check_button", "check_notebook", "current_notebook",
-           "find_notebook", "find_release", "package_labs", "run", "unsaved_changes"]
+__all__ = ["SelfCheck", "cache_dir", "find_notebook", "find_release", "package_labs", "run"]

@@ -298,7 +298,7 @@ def _int8_matmul_cases() -> list[Case]:
 
 
 int8_matmul = Spec("int8_matmul", _int8_matmul_cases, compare=_exact(torch.int32),
-                   rules=(_integer_only,), forbid=FORBID)
+                   rules=(_integer_only,), forbid=FORBID, torch_only=True)
 """``fn(x_q, w_q, x_zero_point) -> int32``: exact, also past float32's 2**24, and computed
 in integers (no floating-point tensor anywhere)."""
 
@@ -325,7 +325,8 @@ def _int8_linear_cases() -> list[Case]:
 
 
 int8_linear = Spec("int8_linear", _int8_linear_cases, compare=close(rtol=1e-5, atol=1e-5),
-                   rules=(_integer_matmul, _no_torch_quantization), forbid=FORBID)
+                   rules=(_integer_matmul, _no_torch_quantization), forbid=FORBID,
+                   torch_only=True)
 """``fn(x, w_q, w_scale, x_scale, x_zero_point, bias) -> float32`` against the reference,
 with the matmul done on integer codes."""
 

@@ -97,7 +97,7 @@ def _no_float(case: Case, out: Outcome) -> str | None:
 
 
 requantize = Spec("requantize", _requantize_cases, compare=_same_codes,
-                  rules=(_no_float,), forbid=FORBID)
+                  rules=(_no_float,), forbid=FORBID, torch_only=True)
 """``fn(acc, m0, shift, zero_point) -> int8``: the output codes of an int32 accumulator,
 ``clamp(round(acc * m0 * 2**-(31 + shift)) + zero_point, -128, 127)`` rounded half away from
 zero, without floating point."""
