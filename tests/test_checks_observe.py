@@ -74,7 +74,10 @@ def test_tripwire_sees_threads_the_learner_starts() -> None:
                   "    t.start(); t.join()\n    return out[0]\n", "f")
     with watch(ROOFLINE, ops=False) as seen:
         fn(2, 3, 4)
-    assert seen.summary()["references"] == ["labsim.roofline.matmul_flops"]
+    summary = seen.summary()
+    assert summary["references"][0] == "labsim.roofline.matmul_flops"
+    assert len(summary["threads_started"]) == 1
+    assert summary["references"][1].startswith("outside: it started threads")
 
 
 def test_a_shell_calling_its_own_helpers_is_not_a_hit() -> None:

@@ -347,21 +347,25 @@ def test_selective_policy_shortcuts_fail(saved, why: str) -> None:  # noqa: ANN0
 
 # -- lab 00: the benchmark timer ---------------------------------------------------------------
 
-def _timer(*, pre_sync: bool = True, post_sync: bool = True, warm: bool = True):  # noqa: ANN202
+def _timer(*, pre_sync: bool = True, post_sync: bool = True, warm: bool = True,
+           own_clock: bool = False):  # noqa: ANN202
     import time
 
-    def benchmark(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+    def benchmark(fn, sync=lambda: None, warmup=1, repeat=5,  # noqa: ANN001, ANN202
+                  clock=time.perf_counter):
+        if own_clock:
+            clock = time.perf_counter
         for _ in range(warmup if warm else 0):
             fn()
         times = []
         for _ in range(repeat):
             if pre_sync:
                 sync()
-            start = time.perf_counter()
+            start = clock()
             fn()
             if post_sync:
                 sync()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return times
 
     return benchmark
@@ -376,7 +380,8 @@ def test_the_timer_solution_passes(capsys) -> None:  # noqa: ANN001
     (_timer(post_sync=False, pre_sync=False), "before the device finished"),
     (_timer(pre_sync=False), "includes earlier work"),
     (_timer(warm=False), "warm up"),
-], ids=["no-sync", "no-sync-before-start", "no-warmup"])
+    (_timer(own_clock=True), "read the time with the `clock` you are given"),
+], ids=["no-sync", "no-sync-before-start", "no-warmup", "own-clock"])
 def test_timer_shortcuts_fail(timer, why: str) -> None:  # noqa: ANN001
     with pytest.raises(CheckFailed, match=why):
         check.roofline.benchmark(timer)
@@ -385,7 +390,7 @@ def test_timer_shortcuts_fail(timer, why: str) -> None:  # noqa: ANN001
 def test_a_timer_that_is_labsims_fails() -> None:
     from labsim.lab import time_fn
 
-    def wrapped(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+    def wrapped(fn, sync=lambda: None, warmup=1, repeat=5, clock=None):  # noqa: ANN001, ANN202
         return list(time_fn(fn, warmup=warmup, repeat=repeat).times_s)
 
     with pytest.raises(CheckFailed, match=REFERENCE):
@@ -393,7 +398,7 @@ def test_a_timer_that_is_labsims_fails() -> None:
 
 
 def test_a_timer_that_raises_fails_with_its_error() -> None:
-    def broken(fn, sync=lambda: None, warmup=1, repeat=5):  # noqa: ANN001, ANN202
+    def broken(fn, sync=lambda: None, warmup=1, repeat=5, clock=None):  # noqa: ANN001, ANN202
         raise RuntimeError("no clock")
 
     with pytest.raises(CheckFailed, match="no clock"):

@@ -23,14 +23,20 @@ from typing import Any
 
 PLUGIN_PREFIX = "labsim-grade-"
 
+try:  # Dask is what this module drives; without it, ``DaskEngine`` says what to install
+    from distributed import WorkerPlugin
+except ImportError:  # pragma: no cover - dask[distributed] not installed
+    WorkerPlugin = object  # type: ignore[assignment, misc]
 
-class LabGrader:
+
+class LabGrader(WorkerPlugin):
     """A Dask worker plugin: one ``grade.Grader`` for one lab on each worker."""
 
     name = "labsim-grade"
 
     def __init__(self, lab_name: str, lab_bytes: bytes, extra_bytes: bytes, limits: Any,
                  key: str) -> None:
+        super().__init__()
         self.lab_name, self.lab_bytes, self.extra_bytes = lab_name, lab_bytes, extra_bytes
         self.limits = limits
         self.name = PLUGIN_PREFIX + key

@@ -218,7 +218,7 @@ def summary_text(report: Any) -> str:
     full = sum(t == maximum for t in totals)
     lines.append(f"score out of {_fmt(maximum)}: mean {_fmt(mean)}, median {_fmt(median)}, "
                  f"min {_fmt(totals[0])}, max {_fmt(totals[-1])}; full marks {full} of {n}")
-    lines += ["", f"{'check':28} {'pass':>6} {'fail':>6} {'not attempted':>14}"]
+    lines += ["", f"{'check':28} {'pass':>5} {'share':>6} {'fail':>5} {'not attempted':>14}"]
     rows = []
     for i, check in enumerate(report.checks):
         scores = [r.scores[i] for r in results if i < len(r.scores)]
@@ -227,7 +227,7 @@ def summary_text(report: Any) -> str:
         rows.append((passed / max(1, len(scores)), check.name, passed,
                      len(scores) - passed - todo, todo))
     for rate, name, passed, failed, todo in sorted(rows):
-        lines.append(f"{name[:28]:28} {passed:>4} ({rate:4.0%}) {failed:>6} {todo:>14}")
+        lines.append(f"{name[:28]:28} {passed:>5} {rate:>6.0%} {failed:>5} {todo:>14}")
     flagged = [r.submission for r in results if r.flags]
     if flagged:
         lines += ["", f"worth a look by hand (review column): {len(flagged)}"]
