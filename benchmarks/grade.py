@@ -34,8 +34,15 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from labsim.course import grade as gr  # noqa: E402
 from labsim.course import sandbox as sb  # noqa: E402
 
-HOSTILE_ADD = '''def add(a, b):
-    return [[] for _ in range(3_000_000)]
+# The collector's own writer replaced (a module attribute: nothing stops that) by one that
+# leaves 32 MiB of "[],[],..." as the check's results -- the file the grader then decodes.
+HOSTILE_ADD = '''import labsim.checks._collect as _c
+def _flood(path, value):
+    path.with_suffix(".json").write_text("[" + "[]," * (11 * 2**20) + "[]]")
+    path.with_suffix(".bin").write_bytes(b"")
+_c.write_plain = _flood
+def add(a, b):
+    return a + b
 '''
 
 
@@ -119,8 +126,7 @@ def main() -> int:
           f"submissions per minute per core")
     print(f"solutions      {full} of {len(solutions)} with full marks")
     if hostile:
-        refused = sum("could not" in s.detail or "results" in s.detail
-                      for r in hostile for s in r.scores[:1])
+        refused = sum("could not be read" in s.detail for r in hostile for s in r.scores[:1])
         print(f"hostile        {len(hostile)}: add refused with a reason in {refused}")
     print(f"statuses       {', '.join(f'{n} {s}' for s, n in statuses.items() if n)}")
     print(f"grader RSS     {mine:8.0f} MiB peak (this process)")

@@ -1,25 +1,29 @@
 """Grade a class: every submission of one lab -> one CSV row and one feedback file each.
 
 For each submission ``grade`` rebuilds the notebook from the released lab (``rebuild``: the
-learner's exercise cells, and a collector cell in place of each check cell), runs it in a
-sandbox (``sandbox``) and scores each check **in this process, from its own comparisons**:
+learner's exercise cells and the cells they added, and a collector cell in place of each check
+cell), runs it in a sandbox (``sandbox``) against the graded copy of labsim (``withhold``: the
+lab's references withheld) and scores each check **from the grader's own comparisons**:
 
 - the cases of every check are built here, once, with labsim's reference or oracle
-  (``Spec.cases()``); only their names and inputs are sent into the sandbox;
+  (``Spec.cases()``); only their names and inputs are sent into the sandbox, each check's
+  while its collector runs;
 - the collector cell runs the check's driver on those inputs and writes each case's outcome
-  as plain data (never pickle); the grader reads it defensively (``records.read_outcomes``)
+  as plain data (never pickle); the grader takes it only as the finished collector left it
+  (``records.digest_problem``), and the judging process (``judge``) decodes it under a budget
   and judges it with the check's rules and comparisons (``Spec.judge``);
 - a check earns ``points * passed / cases``; a rule broken or a reference called earns 0 and
   is named in the ``review`` column; a check whose results are missing (the exercise is
-  missing, the kernel died, a time limit) earns 0, with the reason in words.
+  missing, the kernel died, a time limit) earns 0, with the reason in words; a check whose
+  exercise is the released stub is ``not attempted``.
 
 Nothing the learner's process prints, raises or writes decides a score: the text nbval saw
 only explains the status and the reasons (``records.CellRecord``), cut to a short sanitised
 excerpt.  Status of a row: ``invalid`` (not a readable notebook of this lab), ``crashed`` (the
 kernel died), ``timeout`` (a cell or the whole notebook ran over its limit), ``tampered``
 (check cells or narrative differ from the release; the released ones were graded), else
-``ok``.  One row per submission, in the order given, whatever ``jobs`` is; the CSV is written
-atomically at the end.
+``ok``.  One row per submission, in the order given, whatever ``jobs`` is (or the Dask
+cluster: ``distributed``); the CSV is written atomically at the end.
 """
 
 from __future__ import annotations

@@ -153,17 +153,38 @@ def read_regular(path: Path, limit: int) -> bytes | None:
 def digest_problem(out_dir: Path, stem: str, digests: tuple[tuple[str, str], ...]) -> str:
     """"" when ``out_dir/<stem>.json``/``.bin`` are the files whose SHA-256 the run recorded
     right after the check's collector finished, else what differs."""
-    import hashlib
-
     for name, expected in digests:
         if name not in (f"{stem}.json", f"{stem}.bin"):
             continue
-        data = read_regular(out_dir / name, OUTPUT_BYTES)
-        got = hashlib.sha256(data).hexdigest() if data is not None else ""
+        got = sha256_regular(out_dir / name, OUTPUT_BYTES)
         if got != expected:
             return (f"{name} was changed after the check finished" if expected and got else
                     f"{name} is not the file the check left")
     return ""
+
+
+def sha256_regular(path: Path, limit: int) -> str:
+    """The SHA-256 of the regular file ``path`` (not a link, at most ``limit`` bytes), read
+    a megabyte at a time; "" when it is not one."""
+    import hashlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return ""
+        digest, total = hashlib.sha256(), 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > limit:
+                return ""
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def read_outcomes(out_dir: Path, stem: str, n_cases: int) -> list[Outcome] | str:
