@@ -383,27 +383,18 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
         elif broke:  # what a worker's watch saw outside the function, carried as a reference
             reason = "breaks a rule of this exercise: " + broke[0]
         else:
-            try:
-                outside = outside_rule(spec, out)
-            except Exception as exc:  # noqa: BLE001 - malformed observations fail the case
-                outside = f"its observations could not be read ({type(exc).__name__})"
-            if outside is not None:
-                reason = "breaks a rule of this exercise: " + outside
-            elif out.error:
+            reason = _broken(outside_rule, spec, out)
+            if reason is None and out.error:
                 reason = _error_reason(case, out)
                 errors += out.error == "NotImplementedError"
-            else:
+            elif reason is None:
                 expects = getattr(case.compare, "expects_exception", None)
                 if expects is not None:
                     reason = f"expected {expects.__name__} to be raised, got a value"
         if reason is None and not out.error:
             for rule in spec.rules:
-                try:
-                    reason = rule(case, out)
-                except Exception as exc:  # noqa: BLE001 - malformed observations fail the case
-                    reason = f"its observations could not be read ({type(exc).__name__})"
+                reason = _broken(rule, case, out)
                 if reason is not None:
-                    reason = "breaks a rule of this exercise: " + reason
                     break
             if reason is None:
                 cmp = case.compare or spec.compare or close()
@@ -425,6 +416,15 @@ def judge(spec: Spec, cases: Sequence[Case], outcomes: Sequence[Outcome]) -> Ver
         first = next((c.name, r) for c, r in reasons if r in broken)
     return Verdict(spec.title, passed, len(cases), first,
                    not_done=passed == 0 and errors == len(cases), broken=tuple(broken))
+
+
+def _broken(rule: Callable[..., str | None], *args: Any) -> str | None:
+    """``rule(*args)``'s reason as a broken rule (observations it cannot read break it too)."""
+    try:
+        reason = rule(*args)
+    except Exception as exc:  # noqa: BLE001 - malformed observations fail the case
+        reason = f"its observations could not be read ({type(exc).__name__})"
+    return None if reason is None else "breaks a rule of this exercise: " + reason
 
 
 def _rule_key(reason: str) -> str:
