@@ -151,9 +151,24 @@ def test_attention_solutions_pass_on_bf16_cross_and_odd_heads(capsys) -> None:  
         "PASS naive_attention: 8/8 cases passed", "PASS tiled_attention: 12/12 cases passed"]
 
 
-def test_a_full_row_softmax_is_not_tiled() -> None:
-    with pytest.raises(CheckFailed, match="no full rows of scores") as info:
-        check.attention.tiled_attention(full_rows)
+def head_rows(q, k, v, causal=False, block_q=64, block_kv=64):  # noqa: ANN001, ANN201
+    """A plain softmax over chunks of d query rows against every key: no online softmax,
+    and each chunk (d x M) no bigger than an input."""
+    out = torch.empty_like(q)
+    d = q.shape[-1]
+    for i in range(0, q.shape[-2], d):
+        s = q[..., i:i + d, :] @ k.transpose(-1, -2) / math.sqrt(d)
+        if causal:
+            rows = torch.arange(i, i + s.shape[-2]).unsqueeze(-1)
+            s = s.masked_fill(torch.arange(s.shape[-1]) > rows, -math.inf)
+        out[..., i:i + d, :] = torch.softmax(s, -1) @ v
+    return out
+
+
+@pytest.mark.parametrize("cheat", [full_rows, head_rows], ids=["block-rows", "head-rows"])
+def test_a_full_row_softmax_is_not_tiled(cheat) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match="no full rows of scores|whole softmax row") as info:
+        check.attention.tiled_attention(cheat)
     assert "0/12 cases passed" in str(info.value)
 
 
@@ -281,6 +296,23 @@ class FullMatrixBackward(S4["FlashAttention2"]):
         return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv, None
 
 
+class TiledForwardAutogradBackward(S4["FlashAttention2"]):
+    """The solution's tiled forward (saves L), and a backward that runs that forward again
+    under autograd: tiles everywhere, but no backward written by hand."""
+
+    @staticmethod
+    def backward(ctx, do):  # noqa: ANN001, ANN205
+        q, k, v, _, _ = ctx.saved_tensors
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        with torch.enable_grad():
+            out = TiledForwardAutogradBackward._tiled(q, k, v, ctx.is_causal)
+        return (*torch.autograd.grad(out, (q, k, v), do), None)
+
+    @staticmethod
+    def _tiled(q, k, v, causal):  # noqa: ANN001, ANN205
+        return S4["tiled_attention"](q, k, v, causal=causal, block_q=64, block_kv=64)
+
+
 class SdpaFunction(torch.autograd.Function):
     """SDPA hidden from the torch-function log, forward and (recomputed) backward."""
 
@@ -308,7 +340,9 @@ def test_the_flash_attention2_solution_passes(capsys) -> None:  # noqa: ANN001
     (RecomputeEverything, "logsumexp|tile"),
     (FullMatrixBackward, "never the whole N x N matrix"),
     (SdpaFunction, "write the attention yourself"),
-], ids=["autograd-through-naive", "recompute-without-L", "full-P-in-backward", "sdpa"])
+    (TiledForwardAutogradBackward, "ran autograd again"),
+], ids=["autograd-through-naive", "recompute-without-L", "full-P-in-backward", "sdpa",
+        "autograd-backward"])
 def test_flash_attention2_shortcuts_fail(cls, why: str) -> None:  # noqa: ANN001
     with pytest.raises(CheckFailed, match=why) as info:
         check.attention.flash_attention2(cls)

@@ -104,6 +104,23 @@ def _tiles_only(case: Case, out: Outcome) -> str | None:
         return (f"it created a tensor of {largest} elements; the limit here is {limit} (one "
                 "block_q x block_kv tile, or an input's size): no N x N scores, no full rows "
                 "of scores, no N x N mask")
+    return _one_block_of_keys(case, out, case.kwargs.get("block_kv", 64))
+
+
+def _one_block_of_keys(case: Case, out: Outcome, block_kv: int) -> str | None:
+    """No created matrix is wider than a block of keys (or the head size): scores over every
+    key for a few query rows are a full softmax row, not the online softmax's tile."""
+    q, m = case.args[0], case.args[1].shape[-2]
+    d = q.shape[-1]
+    # tensors shaped like the scores (as many dimensions as Q): per-row vectors such as L,
+    # one dimension fewer, may be as long as N
+    widest = int((out.observed.get("widest") or {}).get(str(q.dim()), 0))
+    limit = max(min(block_kv, m), d)
+    if widest > limit:
+        return (f"it created a matrix {widest} wide, over a block of {min(block_kv, m)} keys: "
+                f"scores against all {m} keys at once are a whole softmax row; fold the keys "
+                "in one block at a time with the online softmax (a running max m, sum l and "
+                "output, rescaled by exp(m_old - m_new))")
     return None
 
 
@@ -115,7 +132,8 @@ def _tiled_attention_cases() -> list[Case]:
         ("causal, N=37, blocks 8 x 16", (37, 8), True, 8, 16, 3, 1.0, None, torch.float64),
         ("causal, N=29, blocks 16 x 4 (diagonal crosses tiles)", (2, 29, 4), True, 16, 4, 4,
          1.0, None, torch.float64),
-        ("blocks larger than N=5", (5, 4), True, 64, 64, 5, 1.0, None, torch.float64),
+        ("N=5, blocks of 2 (the last block a single row)", (5, 4), True, 2, 2, 5, 1.0, None,
+         torch.float64),
         ("block size 1 (one key at a time)", (6, 4), False, 1, 1, 6, 1.0, None, torch.float64),
         ("large scores: the running max must rescale", (3, 20, 8), False, 4, 4, 7, 30.0, None,
          torch.float64),
@@ -260,6 +278,14 @@ def _saves_o_and_l_only(case: Case, out: Outcome) -> str | None:
     return None
 
 
+def _backward_by_hand(case: Case, out: Outcome) -> str | None:
+    if out.observed.get("graph_tasks", 1) > 1:
+        return ("its backward ran autograd again (torch.autograd.grad or .backward inside "
+                "backward): compute dQ, dK and dV yourself, from P = exp(S - L) recomputed "
+                "tile by tile (Dao 2023, Algorithm 2)")
+    return None
+
+
 def _fa2_tiles_only(case: Case, out: Outcome) -> str | None:
     q, k = case.args[0], case.args[1]
     lead = math.prod(q.shape[:-2])
@@ -270,19 +296,21 @@ def _fa2_tiles_only(case: Case, out: Outcome) -> str | None:
         return (f"forward or backward created a tensor of {largest} elements; the limit here "
                 f"is {limit} (a tile of at most {FA2_TILE} x {FA2_TILE} scores, or an input's "
                 "size): recompute P tile by tile in backward, never the whole N x N matrix")
-    return None
+    return _one_block_of_keys(case, out, FA2_TILE)
 
 
 def _fa2_cases() -> list[Case]:
     f32, bf16 = torch.float32, torch.bfloat16
     return [
-        _fa2_case("one head, N=37, d=8", (37, 8), causal=False, seed=21),
-        _fa2_case("causal, N=45, d=8", (45, 8), causal=True, seed=22),
-        _fa2_case("batch 2 x heads 2, causal, N=64, d=16", (2, 2, 64, 16), causal=True,
+        # every case has more than one tile of 128 rows and keys: a whole N x N matrix, or a
+        # row of scores against every key, is never within the tile limit
+        _fa2_case("one head, N=150, d=8", (150, 8), causal=False, seed=21),
+        _fa2_case("causal, N=170, d=8", (170, 8), causal=True, seed=22),
+        _fa2_case("batch 2 x heads 2, causal, N=140, d=16", (2, 2, 140, 16), causal=True,
                   seed=23),
-        _fa2_case("cross-attention: 40 queries, 72 keys", (40, 16), n_kv=72, causal=False,
+        _fa2_case("cross-attention: 140 queries, 200 keys", (140, 16), n_kv=200, causal=False,
                   seed=24),
-        _fa2_case("large scores: the running max must rescale", (2, 33, 8), causal=True,
+        _fa2_case("large scores: the running max must rescale", (2, 133, 8), causal=True,
                   seed=25, scale=20.0),
         _fa2_case("d=64, N=256, causal: no N x N tensor", (256, 64), causal=True, seed=26),
         _fa2_case("d=80, N=200, fp32 inputs", (200, 80), causal=False, seed=27, dtype=f32),
@@ -292,7 +320,8 @@ def _fa2_cases() -> list[Case]:
 
 
 flash_attention2 = Spec("flash_attention2", _fa2_cases, drive=_drive_fa2,
-                        rules=(_no_sdpa, _saves_o_and_l_only, _fa2_tiles_only),
+                        rules=(_no_sdpa, _saves_o_and_l_only, _fa2_tiles_only,
+                               _backward_by_hand),
                         forbid=FORBID, names=True, torch_only=True)
 """``cls``: a ``torch.autograd.Function`` with ``forward(ctx, q, k, v, is_causal=False) -> O``
 (..., Nq, d) that saves L = logsumexp(Q K^T / sqrt d) (one value per query row) with Q, K, V

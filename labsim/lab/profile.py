@@ -19,9 +19,12 @@ profiler's record of every allocation and free (``profile_memory=True``), replay
 sees every ATen and ``c10d`` (``torch.distributed``) operator at the dispatcher, below
 ``__torch_function__`` -- code run under ``torch._C.DisableTorchFunction()`` or calling a
 ``ProcessGroup`` directly is seen too.  It records which operators ran, the largest tensor an
-operator *created* (views and in-place results are not new tensors), the dtypes of created
-floating-point tensors and of matmul operands, and every collective or point-to-point message
-with its bytes and whether autograd's backward was running.
+operator *created* (views and in-place results are not new tensors) and, by number of
+dimensions, the longest last dimension of a created tensor of two or more rows, the dtypes of
+created floating-point tensors and of matmul operands, every collective or point-to-point
+message with its bytes and whether autograd's backward was running, and how many runs of
+autograd's engine the operators ran under (a ``backward`` that calls
+``torch.autograd.grad`` starts a second one).
 """
 
 from __future__ import annotations
@@ -341,6 +344,8 @@ class OpLog(TorchDispatchMode):
         self.matmul_dtypes: set[str] = set()
         self.messages: list[Message] = []
         self.created: list[tuple[Any, int]] | None = [] if keep_created else None
+        self.widest: dict[int, int] = {}  # ndim -> longest last dim of a created 2+-row one
+        self.graph_tasks: set[int] = set()  # autograd engine runs the operators ran under
         self._fresh: dict[Any, tuple[bool, ...]] = {}
 
     def _returns_fresh(self, func: Any) -> tuple[bool, ...]:
@@ -355,6 +360,9 @@ class OpLog(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = func._schema.name
         self.counts[name] += 1
+        task = torch._C._current_graph_task_id()
+        if task != -1:
+            self.graph_tasks.add(task)
         if name.startswith("c10d::"):
             second = args[1] if len(args) > 1 else None
             self.messages.append(Message(name, _nbytes(args[0]) if args else 0,
@@ -370,6 +378,8 @@ class OpLog(TorchDispatchMode):
                 continue
             for t in _tensors(result):
                 self.largest_new = max(self.largest_new, t.numel())
+                if t.dim() >= 2 and t.shape[-2] > 1:
+                    self.widest[t.dim()] = max(self.widest.get(t.dim(), 0), t.shape[-1])
                 if len(self.biggest) < TOP_CREATED or t.numel() > self.biggest[-1]:
                     self.biggest = sorted([*self.biggest, t.numel()], reverse=True)[
                         :TOP_CREATED]
@@ -395,6 +405,8 @@ class OpLog(TorchDispatchMode):
             "ops": dict(self.counts),
             "largest_new": self.largest_new,
             "largest_created": list(self.biggest),
+            "widest": {str(n): w for n, w in sorted(self.widest.items())},
+            "graph_tasks": len(self.graph_tasks),
             "float_dtypes": sorted(self.float_dtypes),
             "matmul_dtypes": sorted(self.matmul_dtypes),
             "messages": [[m.op, m.nbytes, m.in_nbytes, m.in_backward] for m in self.messages],
