@@ -122,6 +122,79 @@ def test_checkpointing_with_labsims_forward_fails(capsys) -> None:  # noqa: ANN0
             spec(lambda *a, ref=ref: ref(*a))
 
 
+def brute_force_plan(layer_bytes, boundary_bytes, budget_bytes):  # noqa: ANN001, ANN201
+    """Every segmentation tried (2**(n-1) of them): right, but not the dynamic programme."""
+    import itertools
+
+    from labsim.checkpointing import recomputed_layers, segment_peak_bytes
+
+    n, best = len(layer_bytes), None
+    for cuts in itertools.product((False, True), repeat=n - 1):
+        starts = [0] + [i + 1 for i, c in enumerate(cuts) if c]
+        if segment_peak_bytes(layer_bytes, boundary_bytes, starts) <= budget_bytes:
+            if best is None or recomputed_layers(n, starts) < recomputed_layers(n, best):
+                best = starts
+    if best is None:
+        raise ValueError("nothing fits")
+    return best
+
+
+def test_trying_every_segmentation_is_not_the_dynamic_programme() -> None:
+    from labsim.checks import checkpointing
+
+    spec = checkpointing.segment_plan
+    quick = type(spec)(spec.title, spec.build, forbid=spec.forbid, ops=False, case_seconds=2.0)
+    with pytest.raises(CheckFailed, match="9/10 cases passed") as info:
+        quick(brute_force_plan)
+    assert "80 layers" in str(info.value) and "ran over 2 s" in str(info.value)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_reference_plan_is_the_best_of_every_segmentation(seed: int) -> None:
+    """The dynamic programme that sets the 80-layer case agrees with trying every plan."""
+    import random
+
+    from labsim.checks.checkpointing import _best_recompute, _dp_recompute
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 12)
+    layers = [float(rng.randint(1, 15)) for _ in range(n)]
+    inputs = [float(rng.randint(1, 5)) for _ in range(n)]
+    budget = float(rng.randint(5, 60))
+    assert _dp_recompute(layers, inputs, budget) == _best_recompute(layers, inputs, budget)
+
+
+# -- lab 05: the launch-overhead fit -----------------------------------------------------------
+
+def _polyfit_fit(nbytes, times):  # noqa: ANN001, ANN202
+    import numpy as np
+
+    if len(set(nbytes)) < 2:
+        raise ValueError("one size")
+    per_byte, launch = np.polyfit(nbytes, times, 1)
+    return float(launch), 1 / float(per_byte)
+
+
+def _lstsq_fit(nbytes, times):  # noqa: ANN001, ANN202
+    a = torch.tensor([[1.0, float(x)] for x in nbytes], dtype=torch.float64)
+    if len(set(nbytes)) < 2:
+        raise ValueError("one size")
+    launch, per_byte = torch.linalg.lstsq(a, torch.tensor(times, dtype=torch.float64)
+                                          ).solution.tolist()
+    return launch, 1 / per_byte
+
+
+@pytest.mark.parametrize("fit", [_polyfit_fit, _lstsq_fit], ids=["numpy-polyfit", "torch-lstsq"])
+def test_a_library_least_squares_is_not_the_fit(fit) -> None:  # noqa: ANN001
+    with pytest.raises(CheckFailed, match="polyfit|linalg_lstsq"):
+        check.fusion.launch_model(fit)
+
+
+def test_the_fit_solution_passes(capsys) -> None:  # noqa: ANN001
+    check.fusion.launch_model(exercises("05_kernel_fusion")["fit_launch_model"])
+    assert as_shown(capsys.readouterr().out).strip() == "PASS launch_model: 7/7 cases passed"
+
+
 # -- lab 04: attention without SDPA, tile by tile ---------------------------------------------
 
 S4 = exercises("04_flash_attention")

@@ -60,7 +60,8 @@ def driver_spec(entry: dict[str, Any]) -> Spec:
             raise TypeError(f"{entry['driver']} is not a check")
         return Spec(spec.title, lambda: [], drive=spec.drive, forbid=spec.forbid + forbid,
                     functions=spec.functions, ops=spec.ops, names=spec.names,
-                    torch_only=spec.torch_only, processes=spec.processes)
+                    torch_only=spec.torch_only, processes=spec.processes,
+                    case_seconds=spec.case_seconds)
     return Spec(str(entry.get("title", "check")), lambda: [], drive=call_each, forbid=forbid,
                 functions=int(entry.get("functions", 1)))
 

@@ -24,9 +24,10 @@ check judges exactly what the grader would.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -148,15 +149,44 @@ def plain_outcome(value: Any, observed: Mapping[str, Any] | None = None) -> Outc
     return Outcome(value, observed=dict(observed or {}))
 
 
+class CaseTimeout(Exception):
+    """A case ran over its check's ``case_seconds``."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``CaseTimeout`` in the block after ``seconds`` (CPU-bound Python code included:
+    a timer signal, so on the main thread only; elsewhere no limit)."""
+    import signal
+    import threading
+
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise CaseTimeout(f"this case ran over {seconds:g} s and was stopped")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def call_each(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
               ) -> list[Outcome]:
-    """The default driver: ``fns[0](*case.args, **case.kwargs)`` for each case, watched."""
+    """The default driver: ``fns[0](*case.args, **case.kwargs)`` for each case, watched (and
+    stopped after ``spec.case_seconds``)."""
     outcomes = []
     for case in cases:
         with watch(spec.forbid, ops=spec.ops, functions=spec.names or spec.torch_only,
                    processes=spec.processes) as seen:
             try:
-                value = fns[0](*case.args, **dict(case.kwargs))
+                with time_limit(spec.case_seconds):
+                    value = fns[0](*case.args, **dict(case.kwargs))
             except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
                 error: BaseException | None = exc
             else:
@@ -203,14 +233,14 @@ class Spec:
     dispatcher recorder on, ``names`` the log of torch function names.  ``torch_only``: the
     rules read torch's operators, so moving tensor data out of torch (to numpy, Python lists
     or raw pointers) breaks a rule; ``processes``: the function may start processes (a
-    DataLoader's workers); ``gives``: library code the driver runs in the learner's process
-    (a tool handed to the learner, or what sets the case up): a graded run withholds the
-    labsim references of ``forbid`` (``labsim.course.withhold``) except these, which the
-    checks that forbid them then watch for.  Every check also holds the rules of
-    ``outside_rule``: the work happens in the learner's function, on its thread, with nothing
-    the graded run refuses.
-    A rule broken (or a reference called) on any case fails every case: a shortcut earns
-    nothing.
+    DataLoader's workers); ``case_seconds``: each case is stopped (``CaseTimeout``) after
+    that long, where a slower method than the exercise's would run for hours; ``gives``:
+    library code the driver runs in the learner's process (a tool handed to the learner, or
+    what sets the case up): a graded run withholds the labsim references of ``forbid``
+    (``labsim.course.withhold``) except these, which the checks that forbid them then watch
+    for.  Every check also holds the rules of ``outside_rule``: the work happens in the
+    learner's function, on its thread, with nothing the graded run refuses.  A rule broken
+    (or a reference called) on any case fails every case: a shortcut earns nothing.
     """
 
     title: str
@@ -225,6 +255,7 @@ class Spec:
     torch_only: bool = False
     processes: bool = False
     gives: tuple[str, ...] = ()
+    case_seconds: float | None = None
 
     def cases(self) -> list[Case]:
         cases = list(self.build())
@@ -324,7 +355,8 @@ class Hidden:
                     names=like.names if like else False,
                     torch_only=like.torch_only if like else False,
                     processes=like.processes if like else False,
-                    gives=like.gives if like else ())
+                    gives=like.gives if like else (),
+                    case_seconds=like.case_seconds if like else None)
 
 
 def outside_rule(spec: Spec, out: Outcome) -> str | None:
@@ -543,6 +575,6 @@ def run_check(title: str, fn: Callable[..., Any], cases: Sequence[Case], *,
     Spec(title, lambda: cases, compare=compare, ops=False)(fn)
 
 
-__all__ = ["SUMMARY_RE", "Case", "CheckFailed", "ExerciseNotDone", "Hidden", "Outcome", "Spec",
-           "Verdict", "call_each", "close", "equal", "judge", "outside_rule", "plain_outcome",
-           "raises", "run_check"]
+__all__ = ["SUMMARY_RE", "Case", "CaseTimeout", "CheckFailed", "ExerciseNotDone", "Hidden",
+           "Outcome", "Spec", "Verdict", "call_each", "close", "equal", "judge",
+           "outside_rule", "plain_outcome", "raises", "run_check", "time_limit"]

@@ -81,6 +81,9 @@ def _codes_of(obj: Any, owner: type | None = None) -> list[CodeType]:
         return [code]
     if hasattr(obj, "__func__"):  # bound method
         return _codes_of(obj.__func__)
+    wrapped = getattr(obj, "__wrapped__", None)  # numpy's dispatchers, other C wrappers
+    if isinstance(wrapped, FunctionType) and not isinstance(obj, type):
+        return _codes_of(wrapped)
     if isinstance(obj, type) and owner is None:
         return [c for v in vars(obj).values() for c in _codes_of(v, obj)]
     return []
@@ -104,12 +107,21 @@ def reference_codes(targets: Sequence[str]) -> dict[CodeType, str]:
     classes -- every method they define --, methods and properties; ``"module:*"`` is every
     public function and class the module defines)."""
     codes: dict[CodeType, str] = {}
-    for target in (t for raw in targets for t in expand(raw)):
-        module, _, qual = target.partition(":")
-        shown = f"{module}.{qual}"
-        for code in _codes_of(_resolve(target)):
-            codes.setdefault(code, shown)
+    for target, obj in _resolved(targets):
+        for code in _codes_of(obj):
+            codes.setdefault(code, target.replace(":", "."))
     return codes
+
+
+def _resolved(targets: Sequence[str]) -> list[tuple[str, Any]]:
+    """(target, object) for every target whose library is installed."""
+    out = []
+    for target in (t for raw in targets for t in expand(raw)):
+        try:
+            out.append((target, _resolve(target)))
+        except ImportError:  # an optional library that is not installed: not a route
+            continue
+    return out
 
 
 def passed_references(fns: Sequence[Any], targets: Sequence[str]) -> list[str]:
@@ -118,8 +130,8 @@ def passed_references(fns: Sequence[Any], targets: Sequence[str]) -> list[str]:
     if not targets:
         return []
     codes = reference_codes(targets)
-    classes = {id(_resolve(t)): f"{t.replace(':', '.')}" for raw in targets
-               for t in expand(raw) if isinstance(_resolve(t), type)}
+    classes = {id(obj): t.replace(":", ".") for t, obj in _resolved(targets)
+               if isinstance(obj, type)}
     hits: list[str] = []
     for fn in fns:
         found = [codes[c] for c in _codes_of(fn) if c in codes]
