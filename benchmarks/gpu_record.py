@@ -392,33 +392,11 @@ def graph_replay(fn: Callable[..., Any], args: tuple, b: Bench, calls: int) -> d
 
 
 def lab06(b: Bench) -> dict:
+    from labsim.experiments.loading import IMAGENET_BATCH_BYTES, copy_overlap
+
     dev = b.need_gpu()
-    nbytes = b.size(256 * 3 * 224 * 224 * 4, 4096)  # an ImageNet batch of 256, fp32
-    pageable = torch.empty(nbytes // 4)
-    out: dict[str, Any] = {}
-    hosts = {"pageable": pageable}
-    if b.cuda:
-        hosts["pinned"] = torch.empty(nbytes // 4).pin_memory()
-    for name, host in hosts.items():
-        t = b.time(lambda host=host: host.to(dev, non_blocking=True), 2, 10)
-        out[name] = {"bytes": nbytes, "time_s": t, "bandwidth_Bps": nbytes / t}
-    if not b.cuda:
-        return out
-    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
-    compute = b.time(lambda: a @ a, 2, 5)
-    pinned = hosts["pinned"]
-
-    def both() -> None:
-        with torch.cuda.stream(side):
-            x = pinned.to(dev, non_blocking=True)
-        a @ a
-        torch.cuda.current_stream().wait_stream(side)
-        x.record_stream(torch.cuda.current_stream())
-
-    out["overlap"] = {"compute_s": compute, "copy_s": out["pinned"]["time_s"],
-                      "both_s": b.time(both, 2, 5)}
-    return out
+    return copy_overlap(dev, b.time, nbytes=b.size(IMAGENET_BATCH_BYTES, 4096),
+                        side=b.size(8192, 64))
 
 
 def lab12(b: Bench) -> dict:

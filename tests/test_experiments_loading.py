@@ -196,3 +196,32 @@ def test_pin_copy_cost_copies_the_batch_in_a_thread():
     assert cost.nbytes == 4 * 2**20
     assert cost.pinned == torch.cuda.is_available()
     assert cost.wall_s > 0 and cost.cpu_s >= 0 and cost.bandwidth_Bps > 0
+
+
+def test_copy_overlap_on_a_cpu_times_the_pageable_copy_only():
+    from labsim.experiments.loading import copy_overlap
+
+    calls = []
+
+    def timer(fn, warmup, repeat):
+        fn()
+        calls.append((warmup, repeat))
+        return 1e-3
+
+    out = copy_overlap(torch.device("cpu"), timer, nbytes=4096)
+    assert set(out) == {"pageable"}
+    assert out["pageable"] == {"bytes": 4096, "time_s": 1e-3, "bandwidth_Bps": 4096 / 1e-3}
+    assert calls == [(2, 10)]
+
+
+def test_the_recorded_copies_and_a_measured_run_share_one_table():
+    from labsim.experiments.records import copies_table, recorded_copies
+
+    recorded = recorded_copies()
+    r = {name: {"bytes": 4096, "time_s": 1e-3, "bandwidth_Bps": 4.096e6}
+         for name in ("pageable", "pinned")}
+    r["overlap"] = {"compute_s": 2e-3, "copy_s": 1e-3, "both_s": 2.5e-3}
+    measured = copies_table(r, "measured here")
+    assert measured.columns == recorded.columns
+    assert len(measured.rows) == len(recorded.rows)
+    assert "measured here" in str(measured)

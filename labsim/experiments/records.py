@@ -289,7 +289,12 @@ def recorded_copies() -> RecordTable:
     """Lab 06: host-to-device copies, pageable and pinned, against the PCIe 5.0 x16 slot the
     GPU sits in, and a pinned copy on a side stream while the default stream computes."""
     rec = _record("06_data_loading")
-    r = rec.results
+    return copies_table(rec.results, rec.label)
+
+
+def copies_table(r: dict[str, Any], label: str) -> RecordTable:
+    """The table of ``experiments.loading.copy_overlap``'s results (recorded or measured
+    here, ``label`` says which)."""
     slot = link("pcie5-x16")
     rows = [(f"{name} copy {fmt_bytes(r[name]['bytes'])}", fmt_time(r[name]["time_s"]),
              fmt_bandwidth(r[name]["bandwidth_Bps"]),
@@ -301,7 +306,7 @@ def recorded_copies() -> RecordTable:
                  ("pinned copy on a side stream + matmul", fmt_time(ov["both_s"]),
                   f"max of the two: {fmt_time(max(ov['compute_s'], ov['copy_s']))}",
                   f"sum: {fmt_time(ov['compute_s'] + ov['copy_s'])}")]
-    return RecordTable("Feeding the GPU: host-to-device copies", rec.label,
+    return RecordTable("Feeding the GPU: host-to-device copies", label,
                        ("case", "time", "bandwidth", f"of {slot.name}"), tuple(rows))
 
 

@@ -327,3 +327,40 @@ def calibrate(dataset: torch.utils.data.Dataset, step: TrainStep, batch_size: in
             loads.append(t1 - t0)
             steps.append(t2 - t1)
     return Calibration(float(np.median(loads)), float(np.median(steps)), batch_size)
+
+
+IMAGENET_BATCH_BYTES = 256 * 3 * 224 * 224 * 4  # 256 images of 3 x 224 x 224 in fp32
+
+
+def copy_overlap(device: torch.device, timer: Callable[..., float], *,
+                 nbytes: int = IMAGENET_BATCH_BYTES, side: int = 8192) -> dict[str, Any]:
+    """Host-to-device copies of ``nbytes`` from pageable and from pinned memory, and a pinned
+    copy issued on a side stream while the default stream runs a bf16 ``side`` x ``side``
+    matmul: what lab 06 shows and ``benchmarks/gpu_record.py`` records (one function, so the
+    two measure the same thing).  ``timer(fn, warmup, repeat)`` returns the median seconds of
+    ``fn``; on a CPU only the two copies are timed (both are plain copies there)."""
+    cuda = device.type == "cuda"
+    hosts = {"pageable": torch.empty(nbytes // 4)}
+    if cuda:
+        hosts["pinned"] = torch.empty(nbytes // 4).pin_memory()
+    out: dict[str, Any] = {}
+    for name, host in hosts.items():
+        t = timer(lambda host=host: host.to(device, non_blocking=True), 2, 10)
+        out[name] = {"bytes": nbytes, "time_s": t, "bandwidth_Bps": nbytes / t}
+    if not cuda:
+        return out
+    a = torch.randn(side, side, device=device, dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    compute = timer(lambda: a @ a, 2, 5)
+    pinned = hosts["pinned"]
+
+    def both() -> None:
+        with torch.cuda.stream(stream):
+            x = pinned.to(device, non_blocking=True)
+        a @ a
+        torch.cuda.current_stream().wait_stream(stream)
+        x.record_stream(torch.cuda.current_stream())
+
+    out["overlap"] = {"compute_s": compute, "copy_s": out["pinned"]["time_s"],
+                      "both_s": timer(both, 2, 5)}
+    return out
