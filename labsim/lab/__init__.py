@@ -1,7 +1,8 @@
 """Infrastructure for the real PyTorch exercises: device and dtype choice, synchronised timing
-(``device``), memory meters (``memory``), a launcher for multi-process workers (``launcher``
-and its child process ``worker``), an op recorder (``profile``), the small models the labs
-train (``models``) and synthetic data (``datasets``).
+(``device``; ``timing`` for comparisons that survive a busy machine), memory meters
+(``memory``), a launcher for multi-process workers (``launcher`` and its child process
+``worker``), an op recorder (``profile``), the small models the labs train (``models``) and
+synthetic data (``datasets``).
 
 Nothing here is an exercise's solution: references live beside their checks in
 ``labsim.checks``, measurements a lab shows in ``labsim.experiments``.
@@ -31,9 +32,11 @@ from labsim.lab.memory import (
     tensor_bytes,
 )
 from labsim.lab.models import GPT
+from labsim.lab.timing import Comparison, compare, one_thread, time_interleaved
 
 __all__ = [
     "AsyncQueue",
+    "Comparison",
     "GPT",
     "LaunchResult",
     "LaunchTimeout",
@@ -41,12 +44,14 @@ __all__ = [
     "MemoryMeter",
     "Timing",
     "WorkerError",
+    "compare",
     "cpu_bf16_units",
     "cpu_cache_bytes",
     "device_name",
     "free_port",
     "grad_bytes",
     "launch",
+    "one_thread",
     "optimizer_state_bytes",
     "param_bytes",
     "pick_device",
@@ -54,6 +59,7 @@ __all__ = [
     "saved_activation_bytes",
     "synchronize",
     "tensor_bytes",
+    "time_interleaved",
     "time_fn",
     "time_queued",
     "torch_dtype",
