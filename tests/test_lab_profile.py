@@ -87,3 +87,16 @@ def test_bytes_are_counted_where_profiler_events_carry_no_dtypes(monkeypatch) ->
     assert built and not any(hasattr(e, "input_dtypes") for e in built)
     assert without.nbytes == with_dtypes.nbytes == (128 + 16 + 128) * 4
     assert without.by_name() == with_dtypes.by_name() == {"aten::add": 1}
+
+
+def test_an_op_that_wraps_other_ops_is_not_counted_twice():
+    """``aten::softmax`` runs ``aten::_softmax``; ``masked_fill`` is a copy and an in-place
+    fill: only the ops doing the work count, so the bytes are those each moves once."""
+    s = torch.randn(32, 32)
+    soft = count_ops(torch.softmax, s, -1)
+    assert soft.by_name() == {"aten::_softmax": 1}
+    assert soft.nbytes == 2 * 32 * 32 * 4
+    mask = torch.ones(32, 32, dtype=torch.bool).tril()
+    filled = count_ops(lambda: s.masked_fill(~mask, 0.0)).by_name()
+    assert "aten::masked_fill" not in filled
+    assert filled.get("aten::masked_fill_") == 1

@@ -180,10 +180,29 @@ def _input_dtypes(prof: profile) -> Callable[[Any], list]:
     return dtypes
 
 
+def _counted(event: Any) -> bool:
+    return event.name.startswith("aten::") and event.name not in NON_KERNEL_OPS
+
+
+def _wraps_counted(event: Any) -> bool:
+    """Whether a counted op runs inside ``event`` (the profiler's CPU call tree)."""
+    todo = list(event.cpu_children)
+    while todo:
+        child = todo.pop()
+        if _counted(child):
+            return True
+        todo.extend(child.cpu_children)
+    return False
+
+
 def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
     """Run ``fn(*args, **kwargs)`` once under the profiler and count what it launched.
 
-    Warm the function up first (a ``torch.compile``d function compiles on its first call).
+    Only the innermost ops that do the work are counted: an op that calls other counted ops
+    (``aten::softmax`` calling ``aten::_softmax``, ``aten::masked_fill`` calling ``aten::copy_``
+    and ``aten::masked_fill_``) is their wrapper, and counting it too would count its bytes
+    twice.  Warm the function up first (a ``torch.compile``d function compiles on its first
+    call).
     """
     activities = [ProfilerActivity.CPU]
     cuda = torch.cuda.is_available()
@@ -205,7 +224,7 @@ def count_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpCounts:
         if event.name.startswith("Torch-Compiled Region"):
             regions += 1
             continue
-        if not event.name.startswith("aten::") or event.name in NON_KERNEL_OPS:
+        if not _counted(event) or _wraps_counted(event):
             continue
         ops.append(
             OpRecord(
