@@ -283,3 +283,23 @@ def test_a_progress_bar_before_the_pass_line_is_not_stored() -> None:
     # a bar left alone (the check failed after it) is kept as drawn: nothing is invented
     [alone] = _clean_outputs(outs[:1])
     assert alone.text == "ring: 0/3 [00:00]\r"
+
+
+def test_a_figure_drawn_in_a_loop_or_assigned_to_a_name_is_shown() -> None:
+    """A figure shows once whether the cell returns it, names it or draws it in a loop; the
+    release refuses a plotting cell that shows no image, except under an ``if`` on cuda."""
+    nb = nbformat.v4.new_notebook()
+    xy = "[1, 2], {'a': [1, 2]}, xlabel='x', ylabel='y'"
+    nb.cells = [
+        nbformat.v4.new_code_cell("from labsim import plots\nfrom labsim.plots import scaling"),
+        nbformat.v4.new_code_cell(f"for i in range(2):\n    plots.scaling({xy})"),
+        nbformat.v4.new_code_cell(f"fig = scaling({xy})"),
+        nbformat.v4.new_code_cell(f"scaling({xy})"),
+        nbformat.v4.new_code_cell(f"if 'cuda' == 'no':\n    plots.scaling({xy})"),
+    ]
+    executed = rel.execute(nb, Path("."))
+    images = [sum("image/png" in o.get("data", {}) for o in c.outputs) for c in executed.cells]
+    assert images == [0, 2, 1, 1, 0]
+    assert rel.unshown_figures(executed) == []
+    executed.cells[2].outputs = []  # what a cell that drew but showed nothing leaves
+    assert rel.unshown_figures(executed) == [2]

@@ -13,6 +13,11 @@ line of a correct solution) and writes two files:
   ``PASS <name>: k/k cases passed``) -- what ``labsim check`` compares a learner's run with
   and what ``labsim grade`` scores against.
 
+A figure a cell draws must reach the learner: the release refuses a solution in which a cell
+calls a ``labsim.plots`` function (``plots.gantt(...)``, or a name imported from
+``labsim.plots``) and shows no image, unless every such call sits under an ``if`` on
+``cuda`` (a figure only a GPU draws).
+
 Both are written atomically and deterministically: releasing twice gives identical bytes.
 ``check`` derives the labs from the solutions as they are stored (without executing) and
 names every lab that differs from ``labs/``.
@@ -20,6 +25,7 @@ names every lab that differs from ``labs/``.
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import importlib
@@ -213,6 +219,63 @@ def execute(
     return run
 
 
+def _python(source: str) -> str:
+    """A cell's source with IPython magics and shell lines (``%pip``, ``!ls``) blanked."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in source.splitlines())
+
+
+def _plot_names(nb: nbformat.NotebookNode) -> set[str]:
+    """Names a notebook imports from ``labsim.plots`` (``from labsim.plots import gantt``)."""
+    names: set[str] = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(_python(cell.source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labsim.plots"):
+                names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _draws(source: str, plot_names: set[str]) -> bool:
+    """Whether ``source`` calls a plotting function outside an ``if`` on ``cuda``."""
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return False
+
+    def visit(node: ast.AST, gpu_only: bool) -> bool:
+        if isinstance(node, ast.If) and "cuda" in ast.unparse(node.test):
+            return any(visit(child, True) for child in node.body) or any(
+                visit(child, gpu_only) for child in node.orelse)
+        if isinstance(node, ast.Call) and not gpu_only:
+            f = node.func
+            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                    and f.value.id == "plots") or (isinstance(f, ast.Name)
+                                                   and f.id in plot_names):
+                return True
+        return any(visit(child, gpu_only) for child in ast.iter_child_nodes(node))
+
+    return visit(tree, False)
+
+
+def unshown_figures(executed: nbformat.NotebookNode) -> list[int]:
+    """Indices of the executed cells that call a plotting function and show no image."""
+    plot_names = _plot_names(executed)
+    unshown = []
+    for index, cell in enumerate(executed.cells):
+        if cell.cell_type != "code" or not _draws(cell.source, plot_names):
+            continue
+        if not any(out.output_type in ("display_data", "execute_result")
+                   and "image/png" in out.get("data", {}) for out in cell.outputs):
+            unshown.append(index)
+    return unshown
+
+
 def solution_paths(solutions_dir: Path, names: Iterable[str] = ()) -> list[Path]:
     paths = sorted(Path(solutions_dir).glob("[0-9][0-9]_*.ipynb"))
     wanted = list(names)
@@ -230,6 +293,10 @@ def release_one(path: Path, labs_dir: Path, run: bool = True,
     nb = nbk.read(path)
     validate(nb, path)
     executed = execute(nb, path) if run else None
+    if executed is not None and (unshown := unshown_figures(executed)):
+        raise NotebookError(
+            f"{path}: cell(s) {', '.join(map(str, unshown))} call a labsim.plots function but "
+            "show no image: return the figure, or display() it")
     solution = normalize_solution(nb, path.stem, executed)
     lab = make_lab(solution, path)
     sol_text, lab_text = nbk.dumps(solution), nbk.dumps(lab)
