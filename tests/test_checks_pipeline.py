@@ -89,6 +89,90 @@ def test_shortcuts_fail_naming_the_rule(check, fn, rule) -> None:  # type: ignor
     assert " 0/" in str(info.value)
 
 
+def interleaved_by_groups(p, m, v):  # type: ignore[no-untyped-def]
+    """Honest, other code: Megatron-LM's forward and backward sequences built group by group,
+    then dealt out as warm-up, one forward one backward, cool-down."""
+    fwd = [Op("F", g * p + i, c) for g in range(m // p) for c in range(v) for i in range(p)]
+    bwd = [Op("B", g * p + i, v - 1 - c) for g in range(m // p) for c in range(v)
+           for i in range(p)]
+    out = []
+    for s in range(p):
+        warm = len(fwd) if m == p else min(2 * (p - s - 1) + (v - 1) * p, len(fwd))
+        ops, left = list(fwd[:warm]), list(bwd)
+        for f in fwd[warm:]:
+            ops += [f, left.pop(0)]
+        out.append(tuple(ops + left))
+    return tuple(out)
+
+
+def torchs_interleaved_order(p, m, v):  # type: ignore[no-untyped-def]
+    """The shortcut: PyTorch's ScheduleInterleaved1F1B computes the order (no process group
+    needed to call its per-rank method on a stand-in)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import (
+        ScheduleInterleaved1F1B,
+        _ComputationType,
+    )
+
+    fake = SimpleNamespace(n_local_stages=v, pp_group_size=p, _n_microbatches=m,
+                           microbatches_per_round=m // max(1, m // p))
+    return tuple(tuple(Op("F" if a.computation_type == _ComputationType.FORWARD else "B",
+                          a.microbatch_index, a.stage_index // p)
+                       for a in ScheduleInterleaved1F1B._calculate_single_rank_operations(
+                           fake, r) if a is not None) for r in range(p))
+
+
+def torchs_helper_order(p, m, v):  # type: ignore[no-untyped-def]
+    """The same shortcut through the private helper every torch interleaved schedule uses."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    return my_interleaved_with_warmups(p, m, v, [
+        _get_warmup_ops(s, v, p, p, m, multiply_factor=2) for s in range(p)])
+
+
+def my_interleaved_with_warmups(p, m, v, warmups):  # type: ignore[no-untyped-def]
+    total = m * v
+    f = lambda k: Op("F", (k // (p * v)) * p + k % p, (k // p) % v)  # noqa: E731
+    b = lambda k: Op("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)  # noqa: E731
+    out = []
+    for warm in warmups:
+        ops = [f(k) for k in range(warm)]
+        for k in range(total - warm):
+            ops += [f(warm + k), b(k)]
+        out.append(tuple(ops + [b(k) for k in range(total - warm, total)]))
+    return tuple(out)
+
+
+def torchs_order_transcribed(p, m, v):  # type: ignore[no-untyped-def]
+    """PyTorch's order written out by hand: valid, as fast, but not Megatron-LM's when m = p
+    (its later stages start 1F1B before every forward has run)."""
+    return my_interleaved_with_warmups(p, m, v, [min(2 * (p - s - 1) + (v - 1) * p, m * v)
+                                                 for s in range(p)])
+
+
+def test_an_honest_interleaved_order_written_otherwise_passes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    c.interleaved(interleaved_by_groups)
+    assert as_shown(capsys.readouterr().out) == "PASS interleaved: 7/7 cases passed\n"
+
+
+@pytest.mark.parametrize("fn, reference", [
+    (torchs_interleaved_order, "torch.distributed.pipelining.schedules.ScheduleInterleaved1F1B"),
+    (torchs_helper_order, "torch.distributed.pipelining.schedules._get_warmup_ops"),
+])
+def test_copying_torchs_interleaved_schedule_fails(fn, reference) -> None:  # type: ignore
+    assert torchs_interleaved_order(4, 8, 2) == my_interleaved(4, 8, 2)  # same order if m > p
+    with pytest.raises(CheckFailed, match=f"(?s) 0/7.*`{reference}`"):
+        c.interleaved(fn)
+
+
+def test_torchs_order_is_not_megatrons_when_m_equals_p() -> None:
+    with pytest.raises(CheckFailed, match=r"(?s)5/7.*p=2, m=2, v=2.*Megatron-LM's order runs "
+                       r"Op\('F', 1, 1\).*all of them since m = p"):
+        c.interleaved(torchs_order_transcribed)
+
+
 def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):  # type: ignore
     rank, world = dist.get_rank(), dist.get_world_size()
     m = sum(op.kind == "F" for op in ops)

@@ -5,8 +5,10 @@ Schedules (``gpipe``, ``one_f_one_b``, ``interleaved``) are plain data, so they 
 in this process on many (p, m, v): every rule of ``labsim.pipeline.schedule_problems``
 (each op once, backward after forward, no deadlock), the schedule's own rule (GPipe: all
 forwards first; 1F1B: at most ``p - s`` micro-batches in flight on stage ``s``; interleaved:
-no more in flight than Megatron-LM's schedule), the per-stage activation memory this implies,
-and the step time on uniform stages (``labsim.pipeline.timeline``) equal to the closed form.
+Megatron-LM's order, op for op), the per-stage activation memory this implies, and the step
+time on uniform stages (``labsim.pipeline.timeline``) equal to the closed form.  PyTorch's
+``torch.distributed.pipelining`` schedules compute these orders too; calling them (their
+classes, or the helpers that build their op lists) trips the same tripwire as labsim's own.
 
 The executor (``pipeline_step``) runs on ``NPROCS`` gloo processes, one stage each, for 1F1B
 and GPipe op lists, and is compared with one process on the whole batch (float64): the loss,
@@ -36,16 +38,22 @@ from labsim.pipeline import max_in_flight, pipeline_time, schedule_problems, tim
 
 NPROCS = 4
 T_F, T_B = 1.0, 2.0  # uniform stage times of the timeline checks
-FORBID_SCHEDULES = tuple(f"labsim.pipeline:{name}" for name in (
-    "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make_schedule", "zero_bubble_h1"))
+_TORCH_SCHEDULES = "torch.distributed.pipelining.schedules"
+FORBID_SCHEDULES = (*(f"labsim.pipeline:{name}" for name in (
+    "gpipe", "one_f_one_b", "interleaved_one_f_one_b", "make_schedule", "zero_bubble_h1")),
+    # PyTorch's schedule classes (ScheduleInterleaved1F1B's ``_calculate_single_rank_operations``
+    # among their methods) and the private helpers that build their per-rank op lists
+    f"{_TORCH_SCHEDULES}:*", f"{_TORCH_SCHEDULES}:_get_1f1b_rank_ops",
+    f"{_TORCH_SCHEDULES}:_get_warmup_ops")
 FORBID_EXECUTOR = ("labsim.parallel.pipeline:run_stage",)
 
 
 @dataclass(frozen=True)
 class Rules:
     """What a schedule for (p, m, v) must satisfy: its in-flight micro-batches per stage
-    (GPipe, 1F1B exactly; interleaved at most), whether all forwards come first, and its
-    step time on uniform stages; ``rule`` names the schedule's own rule in words."""
+    (GPipe, 1F1B exactly; interleaved at most), whether all forwards come first, its step
+    time on uniform stages and, where the exercise asks for one published order, that order
+    (``order``: per-stage ops); ``rule`` names the schedule's own rule in words."""
 
     p: int
     m: int
@@ -55,6 +63,7 @@ class Rules:
     forwards_first: bool
     step_s: float
     rule: str
+    order: tuple[tuple[ref.Op, ...], ...] | None = None
 
 
 def _as_schedule(value: Any) -> tuple[tuple[ref.Op, ...], ...] | None:
@@ -116,6 +125,26 @@ def schedule_compare(got: Any, want: Rules) -> str | None:
         return (f"step time {step:g} with t_f={T_F:g}, t_b={T_B:g} per stage; the "
                 f"schedule's closed form is {want.step_s:g}: some stage waits longer than it "
                 "has to")
+    return None if want.order is None else order_difference(schedule, want)
+
+
+def _op_text(op: ref.Op) -> str:
+    return f"Op({op.kind!r}, {op.microbatch}, {op.chunk})"
+
+
+def order_difference(schedule: tuple[tuple[ref.Op, ...], ...], want: Rules) -> str | None:
+    """Where ``schedule`` first leaves the published order ``want.order`` (None if nowhere),
+    in words: the stage, the position, what it runs and what the order runs there."""
+    assert want.order is not None
+    for s, (got, expected) in enumerate(zip(schedule, want.order)):
+        at = next((k for k, (g, e) in enumerate(zip(got, expected)) if g != e), None)
+        if at is None:
+            continue
+        warm = next(k for k, op in enumerate(expected) if op.kind == "B")
+        return (f"stage {s}, op {at}: runs {_op_text(got[at])} where Megatron-LM's order runs "
+                f"{_op_text(expected[at])} (stage {s} warms up with {warm} forwards"
+                + (", all of them since m = p" if want.m == want.p else "")
+                + "; forwards in groups of p micro-batches per chunk)")
     return None
 
 
@@ -151,10 +180,11 @@ def _one_f_one_b_rules(p: int, m: int) -> Rules:
 
 
 def _interleaved_rules(p: int, m: int, v: int) -> Rules:
-    megatron = tuple(max_in_flight(ops) for ops in ref.interleaved_one_f_one_b(p, m, v))
+    order = ref.interleaved_one_f_one_b(p, m, v)
+    megatron = tuple(max_in_flight(ops) for ops in order)
     return Rules(p, m, v, megatron, False, False, pipeline_time(p, m, T_F, T_B, v),
                  "interleaved 1F1B holds no more (micro-batch, chunk) activations than "
-                 "Megatron-LM's schedule")
+                 "Megatron-LM's schedule", tuple(tuple(ops) for ops in order))
 
 
 gpipe = _schedule_spec("gpipe", GPIPE_SPECS, _gpipe_rules)
@@ -167,9 +197,10 @@ micro-batches and the step takes GPipe's ``(m + p - 1)(t_f + t_b)``."""
 
 interleaved = _schedule_spec("interleaved", INTERLEAVED_SPECS, _interleaved_rules)
 """``fn(p, m, v)``: interleaved 1F1B over ``v`` model chunks per stage (chunk ``c`` of stage
-``s`` is model chunk ``c p + s``; ``m`` a multiple of ``p``): the step takes
-``(m + (p - 1) / v)(t_f + t_b)`` and no stage holds more micro-batch chunks than in
-Megatron-LM's schedule."""
+``s`` is model chunk ``c p + s``; ``m`` a multiple of ``p``): Megatron-LM's order op for op
+(with ``m = p`` every forward first, a case PyTorch's ``ScheduleInterleaved1F1B`` and
+Megatron-Core since November 2024 do not have), the step taking
+``(m + (p - 1) / v)(t_f + t_b)``."""
 
 
 # -- the executor on real processes -------------------------------------------------------------
