@@ -53,22 +53,46 @@ class _Chart:
 
 
 def explore_pipeline(**defaults: Any) -> Any:
-    """Controls over ``pipeline_figure``."""
+    """Controls over ``pipeline_figure``.  A control a schedule ignores is disabled while that
+    schedule is chosen (``v`` outside interleaving, the W share outside ZB-H1), and with
+    interleaving the micro-batch slider steps by ``p`` (Megatron-LM's rule: ``m`` a multiple of
+    ``p``), so that every live control changes the chart.  Times are in units of a stage's
+    forward (``t_f`` = 1, ``t_b`` = 2)."""
     import ipywidgets as w
 
     from labsim.widgets._explorer import Explorer
 
     start = dict(schedule="1f1b", p=4, m=8, v=2, p2p=0.0, w_share=1 / 3)
     start.update(defaults)
+    wide = {"description_width": "initial"}  # whole labels, never "micro-bat..."
     controls = {
         "schedule": w.Dropdown(options=list(SCHEDULES), value=start["schedule"],
-                               description="schedule"),
-        "p": w.IntSlider(start["p"], 1, 8, description="stages p"),
-        "m": w.IntSlider(start["m"], 1, 32, description="micro-batches"),
-        "v": w.IntSlider(start["v"], 2, 4, description="chunks v"),
-        "p2p": w.FloatSlider(start["p2p"], min=0.0, max=1.0, step=0.1,
-                             description="message"),
+                               description="schedule", style=wide),
+        "p": w.IntSlider(start["p"], 1, 8, description="stages p", style=wide),
+        "m": w.IntSlider(start["m"], 1, 32, description="micro-batches m", style=wide),
+        "v": w.IntSlider(start["v"], 2, 4, description="chunks v", style=wide),
+        "p2p": w.FloatSlider(start["p2p"], min=0.0, max=1.0, step=0.1, readout_format=".1f",
+                             description="message time / t_f", style=wide),
         "w_share": w.FloatSlider(start["w_share"], min=0.1, max=0.5, step=0.05,
-                                 description="W share"),
+                                 readout_format=".2f", description="W time / t_b",
+                                 style=wide),
     }
+    sync_controls(controls)
+    for name in ("schedule", "p"):  # registered before the explorer's own: applied first
+        controls[name].observe(lambda _change: sync_controls(controls), names="value")
     return Explorer(pipeline_figure, controls, rows=(3, 3))
+
+
+def sync_controls(controls: dict[str, Any]) -> None:
+    """Enable the controls the chosen schedule reads and disable the others; with
+    interleaving, let ``m`` take only multiples of ``p``."""
+    schedule = controls["schedule"].value
+    interleaved = schedule == "interleaved"
+    controls["v"].disabled = not interleaved
+    controls["w_share"].disabled = not schedule.startswith("zero")
+    m, p = controls["m"], controls["p"].value
+    if interleaved:
+        m.min, m.step = p, p
+        m.value = max(p, m.value - m.value % p)
+    else:
+        m.min, m.step = 1, 1
