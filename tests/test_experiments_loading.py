@@ -225,3 +225,61 @@ def test_the_recorded_copies_and_a_measured_run_share_one_table():
     assert measured.columns == recorded.columns
     assert len(measured.rows) == len(recorded.rows)
     assert "measured here" in str(measured)
+
+
+def _times(periods, label="x"):
+    """A LoopTimes whose every step takes 0.01 s and waits period - 0.01 s."""
+    return LoopTimes(tuple(p - 0.01 for p in periods), (0.01,) * len(periods), label)
+
+
+def test_rounds_pair_each_setting_round_by_round():
+    from labsim.experiments.loading import Rounds
+    from labsim.lab.timing import compare as compare_timings
+
+    # 8 steps a round: measured() skips 2 in-process, 4 with one worker
+    fast = [_times([0.5] * 4 + [0.02] * 4), _times([0.5] * 4 + [0.025] * 4),
+            _times([0.5] * 4 + [0.02] * 4)]
+    slow = [_times([0.04] * 8), _times([0.05] * 8), _times([0.04] * 8)]
+    rounds = Rounds({"one worker": tuple(fast), "in process": tuple(slow)},
+                    {"one worker": 1, "in process": 0})
+    assert rounds.periods_s("one worker") == pytest.approx((0.02, 0.025, 0.02))
+    assert rounds.periods_s("in process") == pytest.approx((0.04, 0.05, 0.04))
+    mid, low, high = rounds.steps_per_s("one worker")
+    assert mid == pytest.approx(50.0) and low <= mid <= high
+    n, wait, step = rounds.measured("in process")
+    assert n == 0 and step == pytest.approx(0.01)
+    assert wait == pytest.approx((0.03 + 0.04 + 0.03) / 3)
+    verdict = compare_timings(rounds.timings(), "in process", "one worker")
+    assert verdict.fast == "one worker" and verdict.ratio == pytest.approx(2.0)
+
+
+def test_restart_timings_take_every_epoch_but_the_first():
+    from labsim.experiments.loading import Rounds
+
+    run = LoopTimes((0.3, 0.0, 0.0, 0.2, 0.0, 0.0, 0.1, 0.0, 0.0), (0.01,) * 9)
+    rounds = Rounds({"a": (run, run)}, {"a": 1})
+    assert rounds.restart_timings(3)["a"].times_s == (0.2, 0.1, 0.2, 0.1)
+
+
+def test_sweep_rounds_rotates_the_order_and_keeps_the_rounds(monkeypatch):
+    import labsim.experiments.loading as loading
+
+    calls = []
+
+    def fake(dataset, step, *, batch_size, steps, timer, sync, num_workers, label, **kw):
+        calls.append((label, dataset))
+        return _times([0.02] * steps, label)
+
+    monkeypatch.setattr(loading, "measure_loader", fake)
+    rounds = loading.sweep_rounds("data", None, [dict(num_workers=0), dict(num_workers=1),
+                                                 dict(num_workers=2, dataset="other")],
+                                  rounds=3, batch_size=4, steps=6, progress=False)
+    assert [c[0] for c in calls] == ["workers=0", "workers=1", "workers=2",
+                                     "workers=1", "workers=2", "workers=0",
+                                     "workers=2", "workers=0", "workers=1"]
+    assert {d for label, d in calls if label == "workers=2"} == {"other"}
+    assert [len(r) for r in rounds.runs.values()] == [3, 3, 3]
+    assert rounds.workers == {"workers=0": 0, "workers=1": 1, "workers=2": 2}
+    with pytest.raises(ValueError, match="same label"):
+        loading.sweep_rounds("d", None, [dict(num_workers=1), dict(num_workers=1)], rounds=1,
+                             batch_size=4, steps=2, progress=False)

@@ -4,7 +4,10 @@
 (from the end of the previous step until the batch arrives) and the step (until the step's
 work is done: ``sync`` waits for an asynchronous device).  ``measure_loader`` builds a
 ``DataLoader`` for one setting and times it; ``LoopTimes`` turns the numbers into the busy
-fraction and a ``Trace`` for the utilisation timeline.
+fraction and a ``Trace`` for the utilisation timeline.  ``sweep_rounds`` runs several settings
+in interleaved rounds and ``Rounds`` hands their per-round rates to
+``labsim.lab.timing.compare``, so a verdict says "too noisy to tell" when the rounds disagree.
+The loop under ``torch.profiler`` is ``labsim.experiments.loading.profiled``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from labsim.lab.device import Timing
 from labsim.lab.models import TrainStep
 from labsim.loading import steady_busy_fraction
 from labsim.trace import Trace
@@ -286,6 +290,87 @@ def sweep(dataset: Any, step: Callable[[Any], Any], settings: list[dict[str, Any
         out.append(measure_loader(data, step, batch_size=batch_size, steps=steps,
                                   timer=timer, sync=sync, **kwargs))
     return out
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """DataLoader settings run in interleaved rounds: ``runs[label][r]`` is round ``r`` of
+    the setting ``label`` (``workers[label]`` workers).  Each round ran every setting once, in
+    an order rotating from round to round, so a load that comes and goes slows every setting
+    alike (``labsim.lab.timing``'s rule, here with whole DataLoader runs as the calls)."""
+
+    runs: dict[str, tuple[LoopTimes, ...]]
+    workers: dict[str, int]
+
+    def periods_s(self, label: str) -> tuple[float, ...]:
+        """Steady seconds per step of each round (warm-up skipped as ``LoopTimes.measured``
+        skips it): the wait plus the step, averaged over the round's later steps."""
+        n = self.workers[label]
+        return tuple(wait + step for _, wait, step in
+                     (run.measured(n) for run in self.runs[label]))
+
+    def steps_per_s(self, label: str) -> tuple[float, float, float]:
+        """Median steps per second over the rounds, with the lower and upper quartiles."""
+        from labsim.lab.timing import spread
+
+        rates = sorted(1 / p for p in self.periods_s(label))
+        low, high = spread(rates)
+        return statistics.median(rates), low, high
+
+    def measured(self, label: str) -> tuple[int, float, float]:
+        """``(num_workers, mean wait, mean step)`` over every round's steady steps: what a
+        loader model is calibrated on."""
+        n = self.workers[label]
+        each = [run.measured(n) for run in self.runs[label]]
+        return (n, statistics.fmean(w for _, w, _ in each),
+                statistics.fmean(s for _, _, s in each))
+
+    def timings(self) -> dict[str, Timing]:
+        """Each setting's per-round steady period as a ``Timing``, round ``r`` of every
+        setting measured in the same round: what ``labsim.lab.timing.compare`` pairs."""
+        return {label: Timing(self.periods_s(label)) for label in self.runs}
+
+    def restart_timings(self, steps: int) -> dict[str, Timing]:
+        """For runs of several epochs of ``steps`` steps: each setting's first wait of every
+        epoch but the first (the epoch's restart), round after round, as a ``Timing``."""
+        out = {}
+        for label, runs in self.runs.items():
+            waits = [run.wait_s[e * steps] for run in runs
+                     for e in range(1, len(run.wait_s) // steps)]
+            out[label] = Timing(tuple(waits))
+        return out
+
+
+def sweep_rounds(dataset: Any, step: Callable[[Any], Any], settings: list[dict[str, Any]], *,
+                 rounds: int, batch_size: int, steps: int, timer: TimerFn = time_loop,
+                 sync: Callable[[], None] = lambda: None, progress: bool = True) -> Rounds:
+    """``measure_loader`` for every dict of ``settings`` (as ``sweep`` takes them), in
+    ``rounds`` rounds, the order rotating by one setting each round, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    if rounds < 1 or not settings:
+        raise ValueError("need rounds >= 1 and at least one setting")
+    labelled = []
+    for setting in settings:
+        kwargs = dict(setting)
+        kwargs.setdefault("label", f"workers={kwargs['num_workers']}")
+        labelled.append(kwargs)
+    labels = [s["label"] for s in labelled]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two settings have the same label: {labels}")
+    runs: dict[str, list[LoopTimes]] = {label: [] for label in labels}
+    with tqdm(total=rounds * len(labelled), desc="DataLoader rounds",
+              disable=not progress) as bar:
+        for r in range(rounds):
+            for k in range(len(labelled)):
+                kwargs = dict(labelled[(r + k) % len(labelled)])
+                data = kwargs.pop("dataset", dataset)
+                runs[kwargs["label"]].append(measure_loader(
+                    data, step, batch_size=batch_size, steps=steps, timer=timer, sync=sync,
+                    **kwargs))
+                bar.update()
+    return Rounds({label: tuple(r) for label, r in runs.items()},
+                  {s["label"]: s["num_workers"] for s in labelled})
 
 
 @dataclass(frozen=True)
