@@ -110,6 +110,7 @@ def test_an_unknown_h100_plan_is_refused() -> None:
 # ------------------------------------------------------------------------- rows and the file
 
 
+@pytest.mark.slow
 def test_rows_persist_and_each_lab_replaces_its_own(tiny: None, tmp_path: Path) -> None:
     path = tmp_path / "table.json"
     first = my_step.record("00", path=path, **FAST)
@@ -192,6 +193,18 @@ def test_an_unwritable_folder_leaves_the_table_unsaved(tiny: None, tmp_path: Pat
     assert any("was not saved" in note for note in table.notes)
 
 
+def test_a_graded_run_measures_nothing_and_writes_no_file(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from labsim.lab import guard
+
+    monkeypatch.setattr(guard, "active", lambda: object())
+    path = tmp_path / "t.json"
+    path.write_text("{not json")  # not even read
+    table = my_step.record("05", path=path, **FAST)
+    assert table.rows == {} and path.read_text() == "{not json"
+    assert any("graded run" in note for note in table.notes)
+
+
 def test_the_table_round_trips_through_json() -> None:
     cmp = Comparison("sdpa", "fp32", 1.4, 1.3, 1.5, 7, 1.1)
     row = my_step.Row("sdpa", "04", "CPU x (1 thread)", 0.1, 0.09, 0.11, 7, 1000, 5120.0,
@@ -202,6 +215,7 @@ def test_the_table_round_trips_through_json() -> None:
 # ------------------------------------------------------------------------- techniques
 
 
+@pytest.mark.slow
 def test_your_attention_is_measured_only_when_it_is_right(tiny: None, tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     good = my_step.record("04", path=path, attention=causal, **FAST)
