@@ -21,6 +21,15 @@ def test_pipeline_gantt_rows_and_title(tmp_path):
     fig.savefig(tmp_path / "g.png")
 
 
+def test_a_timeline_on_paper_is_drawn_in_its_own_unit_with_the_legend_clear_of_the_bars():
+    r = simulate_pipeline(4, 6, 1.0, 2.0)
+    ax = pipeline_gantt(r, time_unit="a stage's forward = 1").axes[0]
+    assert ax.get_xlabel() == "time (a stage's forward = 1)"
+    assert ax.get_xlim()[1] == r.step_time_s  # unscaled, not "time (s)"
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1e-6
+    assert pipeline_gantt(r).axes[0].get_xlabel() == "time (s)"
+
+
 def test_pipeline_gantt_of_a_step_with_streams():
     model = labsim.Transformer(layers=8, hidden=512, heads=8, seq_len=256, vocab=1000)
     r = simulate_step(model, labsim.dgx_a100(1), Plan(dp=2, tp=1, pp=4, global_batch=8,

@@ -21,11 +21,15 @@ _UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
 
 def pipeline_gantt(result: object, *, streams: tuple[str, ...] = ("compute",),
                    label_microbatches: bool | None = None, max_stages: int = 32,
-                   title: str = "", ax: Axes | None = None) -> Figure:
+                   title: str = "", time_unit: str | None = None,
+                   ax: Axes | None = None) -> Figure:
     """Draw ``result.trace`` as stages x time.  ``streams`` adds thin rows for "p2p" and "dp"
     under each stage; ``label_microbatches`` writes the micro-batch number in each bar
     (default: when there are at most 300 bars).  Stages beyond ``max_stages`` are left out
-    and the title says so."""
+    and the title says so.  Times are seconds unless ``time_unit`` names the unit of a trace
+    on paper (``labsim.pipeline.timeline`` in units of a stage's forward, say): then they are
+    drawn as they are, the axis labelled with it.  The legend sits right of the chart, clear
+    of the bars."""
     trace = result.trace
     stages = sorted({s.rank for s in trace})
     hidden = max(0, len(stages) - max_stages)
@@ -38,7 +42,8 @@ def pipeline_gantt(result: object, *, streams: tuple[str, ...] = ("compute",),
     else:
         fig = ax.figure
     end = max((s.end_s for s in trace), default=0.0)
-    scale, unit = next(((f, u) for f, u in _UNITS if end >= 2 * f), _UNITS[-1])
+    scale, unit = (1.0, time_unit) if time_unit else next(
+        ((f, u) for f, u in _UNITS if end >= 2 * f), _UNITS[-1])
     spans = [s for s in trace if (s.rank, s.stream) in index and s.end_s > s.start_s]
     if label_microbatches is None:
         label_microbatches = len(spans) <= 300
@@ -68,7 +73,7 @@ def pipeline_gantt(result: object, *, streams: tuple[str, ...] = ("compute",),
     more = f" ({hidden} more stages not shown)" if hidden else ""
     ax.set_title((title or "Pipeline schedule") + note + more, fontsize=10)
     ax.legend(handles=[Patch(color=COLOURS.get(k, "#999999"), label=k) for k in kinds],
-              fontsize=7, loc="upper right", ncol=len(kinds))
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     fig.tight_layout()
     return fig
 

@@ -21,6 +21,7 @@ from labsim.pipeline import (
 from labsim.plots.pipeline import pipeline_gantt
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zero-bubble (ZB-H1)")
+PAPER_TIME = "a stage's forward = 1"  # the unit of timelines on paper (t_f = 1, t_b = 2)
 
 
 def pipeline_figure(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2,
@@ -42,7 +43,7 @@ def pipeline_figure(schedule: str = "1f1b", p: int = 4, m: int = 8, v: int = 2,
              + f": {tl.messages} messages; {closed}measured from the chart "
              f"{bubble_from_trace(tl.trace):.1%}")
     return pipeline_gantt(_Chart(tl.trace), streams=("compute", "p2p") if p2p else
-                          ("compute",), title=title)
+                          ("compute",), title=title, time_unit=PAPER_TIME)
 
 
 class _Chart:
