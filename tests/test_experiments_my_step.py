@@ -239,6 +239,14 @@ def test_your_attention_is_measured_only_when_it_is_right(tiny: None, tmp_path: 
     assert any("pass attention=" in note for note in missing.notes)
 
 
+def test_building_a_step_leaves_the_notebooks_random_state_alone(tiny: None) -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    my_step.GPTStep(my_step.TECHNIQUES["checkpoint"])
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_the_plugged_attention_computes_the_written_out_step(tiny: None) -> None:
     base = my_step.GPTStep(my_step.TECHNIQUES["fp32"])
     plugged = my_step.GPTStep(my_step.TECHNIQUES["your-attention"], attention=causal)
