@@ -29,3 +29,26 @@ def test_activations_on_top_and_empty_input() -> None:
     assert (top.get_y(), top.get_height()) == (4.0, 3.0)
     with pytest.raises(ValueError):
         memory_bars({})
+
+
+def test_timeline_stacks_the_categories_and_draws_the_marks() -> None:
+    from labsim.plots.memory import memory_timeline
+
+    times = [0.0, 1.0, 2.0, 3.0]
+    by = {"activations": [0, 2e6, 0, 0], "parameters": [1e6, 1e6, 1e6, 1e6],
+          "unknown": [0, 0, 0, 0]}
+    fig = memory_timeline(times, by, phases=[("forward 1", 0.0, 1.5), ("tiny", 1.5, 1.51),
+                                             ("backward 1", 1.51, 3.0)],
+                          marks={"prediction": 2.5e6})
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["parameters", "activations"]  # stacked in order; never-used left out
+    tops = ax.collections[-1].get_paths()[0].vertices[:, 1]
+    assert max(tops) == pytest.approx(3.0)  # 1 MB of parameters + 2 MB of activations
+    texts = [t.get_text() for t in ax.texts]
+    assert "forward 1" in texts and "backward 1" in texts and "tiny" not in texts
+    assert "prediction" in texts and "peak 3 MB" in texts
+    assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] \
+        == [2.5]
+    with pytest.raises(ValueError):
+        memory_timeline([0.0, 1.0], {"activations": [1.0]})
