@@ -6,6 +6,7 @@ values, int64 matmul).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -157,6 +158,145 @@ def test_int8_linear_with_a_float_matmul_breaks_the_rule() -> None:
 
     with pytest.raises(CheckFailed, match="its matmul multiplies float64"):
         chk.int8_linear(float_linear)
+
+
+# -- numpy and Python numbers: the integer rules hold whatever computes ------------------------
+
+def _np_float64_matmul(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    x = np.asarray(x_q, dtype=np.float64) - float(zp)
+    return torch.from_numpy(np.rint(x @ np.asarray(w_q, dtype=np.float64).T).astype(np.int32))
+
+
+def _np_array_matmul(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    x, w = np.array(x_q).astype(np.float64), np.array(w_q).astype(np.float64)
+    return torch.tensor((x - int(zp)) @ w.T, dtype=torch.int32)
+
+
+def _np_ufunc_on_tensors(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    acc = np.matmul(x_q, w_q.T, dtype=np.float64)  # numpy reads the tensors it is handed
+    return torch.as_tensor(acc).to(torch.int32) - int(zp) * w_q.sum(1, dtype=torch.int32)
+
+
+def _np_einsum_on_tensors(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    acc = np.einsum("nk,mk->nm", x_q, w_q, dtype=np.float64)  # numpy's Python code between
+    return torch.from_numpy(acc.astype(np.int32)) - int(zp) * w_q.sum(1, dtype=torch.int32)
+
+
+def _np_from_dlpack(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    x = np.from_dlpack(x_q).astype(np.float64) - int(zp)
+    return torch.from_numpy((x @ np.from_dlpack(w_q).astype(np.float64).T).astype(np.int32))
+
+
+def _numpy_method(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    x = x_q.numpy().astype(np.float64) - int(zp)
+    return torch.from_numpy((x @ w_q.numpy().astype(np.float64).T).astype(np.int32))
+
+
+def _python_numbers(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    """Each code read as a Python int, the products taken by numpy in float64."""
+    x = np.array([[int(v) for v in row] for row in x_q], dtype=np.float64) - int(zp)
+    w = np.array([[int(v) for v in row] for row in w_q], dtype=np.float64)
+    return torch.tensor(x @ w.T, dtype=torch.int32)
+
+
+def _python_floats(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    rows = [[sum((float(a) - float(zp)) * float(b) for a, b in zip(xr, wr)) for wr in w_q]
+            for xr in x_q]
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(("fn", "why"), [
+    (_np_float64_matmul, r"`Tensor.__array__`, which numpy calls"),
+    (_np_array_matmul, r"`Tensor.__array__`, which numpy calls"),
+    (_np_ufunc_on_tensors, r"`Tensor.__array__`, which numpy calls"),
+    (_np_einsum_on_tensors, r"`Tensor.__array__`, which numpy calls"),
+    (_np_from_dlpack, r"`Tensor.__dlpack__`, which numpy calls"),
+    (_numpy_method, r"`Tensor.numpy`"),
+    (_python_numbers, "torch computed no integer products"),
+    (_python_floats, r"computes in floating point \(Python float\)"),
+], ids=["np.asarray", "np.array", "np.matmul on tensors", "np.einsum on tensors",
+        "np.from_dlpack", ".numpy()", "python ints into numpy", "python floats"])
+@pytest.mark.filterwarnings("ignore:__array:DeprecationWarning")  # numpy 2 on a torch tensor
+def test_int8_matmul_outside_torch_fails(fn, why: str) -> None:  # type: ignore[no-untyped-def]
+    x, w = torch.randint(-128, 128, (3, 5), dtype=torch.int8), torch.randint(
+        -128, 128, (4, 5), dtype=torch.int8)
+    assert torch.equal(fn(x, w, torch.tensor(3)), S["int8_matmul"](x, w, torch.tensor(3)))
+    with pytest.raises(CheckFailed, match=f"(?s)0/6 cases passed.*{why}"):
+        chk.int8_matmul(fn)
+
+
+def _torch_int32(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    return (x_q.to(torch.int32) - int(zp)) @ w_q.to(torch.int32).T
+
+
+def _torch_int_mm(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    acc = torch._int_mm(x_q, w_q.T.contiguous())  # int8 x int8 -> int32 (oneDNN on a CPU)
+    return acc - int(zp) * w_q.sum(dim=1, dtype=torch.int32)
+
+
+def _products_summed(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    x = x_q.to(torch.int32) - int(zp)
+    return (x[:, None, :] * w_q.to(torch.int32)[None, :, :]).sum(-1, dtype=torch.int32)
+
+
+def _einsum_int64(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    return torch.einsum("nk,mk->nm", x_q.long() - int(zp), w_q.long()).to(torch.int32)
+
+
+def _printing(x_q, w_q, zp):  # type: ignore[no-untyped-def]
+    acc = _torch_int32(x_q, w_q, zp)
+    print(acc)  # torch formats the tensor itself (tolist inside torch): not the learner's
+    return acc
+
+
+@pytest.mark.parametrize("fn", [_torch_int32, _torch_int_mm, _products_summed, _einsum_int64,
+                                _printing],
+                         ids=["int32 matmul", "torch._int_mm", "products summed",
+                              "int64 einsum", "printing a tensor"])
+def test_honest_integer_matmuls_pass(fn, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore
+    chk.int8_matmul(fn)
+    assert capsys.readouterr().out.splitlines()[-1] == "PASS int8_matmul: 6/6 cases passed"
+
+
+def _np_fake_quant_linear(x, w_q, w_scale, x_scale, x_zero_point, bias=None):  # type: ignore
+    """Quantize with the learner's function, then the matmul as numpy fake quantization."""
+    xq = S["quantize"](x, x_scale, x_zero_point)
+    xd = np.asarray(xq, dtype=np.float64) - int(x_zero_point)
+    y = torch.from_numpy(xd @ np.asarray(w_q, dtype=np.float64).T).float() * (x_scale * w_scale)
+    return y if bias is None else y + bias
+
+
+def _np_dequantized_linear(x, w_q, w_scale, x_scale, x_zero_point, bias=None):  # type: ignore
+    xq = S["quantize"](x, x_scale, x_zero_point)
+    xd = S["dequantize"](xq, x_scale, x_zero_point)
+    wd = S["dequantize"](w_q, w_scale, torch.zeros_like(w_scale, dtype=torch.int32),
+                         axis=0 if w_scale.ndim else None)
+    y = torch.from_numpy(np.array(xd) @ np.array(wd).T)
+    return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize("fn", [_np_fake_quant_linear, _np_dequantized_linear],
+                         ids=["numpy fake quant", "numpy on dequantized values"])
+@pytest.mark.filterwarnings("ignore:__array:DeprecationWarning")  # numpy 2 on a torch tensor
+def test_int8_linear_in_numpy_fails(fn) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(CheckFailed, match="(?s)0/5 cases passed.*`Tensor.__array__`"):
+        chk.int8_linear(fn)
+
+
+def _linear_with(matmul):  # type: ignore[no-untyped-def]
+    def linear(x, w_q, w_scale, x_scale, x_zero_point, bias=None):  # type: ignore
+        acc = matmul(S["quantize"](x, x_scale, x_zero_point), w_q, x_zero_point)
+        y = acc.to(torch.float32) * (x_scale * w_scale)
+        return y if bias is None else y + bias
+
+    return linear
+
+
+@pytest.mark.parametrize("matmul", [_torch_int32, _torch_int_mm, _products_summed],
+                         ids=["int32 matmul", "torch._int_mm", "products summed"])
+def test_honest_int8_linears_pass(matmul, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore
+    chk.int8_linear(_linear_with(matmul))
+    assert capsys.readouterr().out == "PASS int8_linear: 5/5 cases passed\n"
 
 
 def test_catches_a_missing_zero_point_in_the_linear_layer() -> None:

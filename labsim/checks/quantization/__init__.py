@@ -6,19 +6,31 @@ file) on small, seeded cases, exact integers where the answer is an integer.  Th
 code must not call the reference (only the module shell ``Int8Linear`` is given), nor
 PyTorch's own quantization kernels; the integer exercises must do integer arithmetic: the
 recorder sees every matmul's operand dtypes and every floating-point tensor created.
+
+The recorder sees torch's operators only, so the integer exercises must keep the work in
+torch: handing a tensor to numpy breaks their rules however numpy reads it -- ``.numpy()``,
+``.tolist()``, and ``np.asarray(t)``, ``np.array(t)``, a numpy function or ``np.from_dlpack``
+applied to a tensor, which reach the tensor through ``Tensor.__array__`` or
+``Tensor.__dlpack__`` called from numpy's C code (``DataExits``, run by these checks'
+driver) -- and the products must be computed by torch's operators on integer tensors (an
+integer matmul, ``torch._int_mm``, or integer products summed), not in Python numbers.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from labsim.checks._core import Case, Outcome, Spec, call_each, close, raises
-from labsim.checks._observe import passed_references
+from labsim.checks._observe import LEAVES_TORCH, _prefixes, passed_references, trusted
 from labsim.checks.quantization import reference as ref
 from labsim.checks.quantization.requantize import quantize_multiplier, requantize
 
@@ -38,6 +50,91 @@ FORBID_MODEL = tuple(t for t in FORBID if t.rsplit(":", 1)[-1] not in _GIVEN_OBS
 TORCH_QUANT_OPS = ("quantize_per", "dequantize", "fake_quantize", "_make_per",
                    "quantized::", "choose_qparams", "int_repr")
 FLOATS = {"float16", "bfloat16", "float32", "float64"}
+INTEGERS = {"int8", "uint8", "int16", "int32", "int64"}
+PRODUCT_OPS = ("aten::mul", "aten::mul_", "aten::addcmul", "aten::addcmul_")
+# what numpy calls on a tensor it is handed, to read its data (from C: no frame of numpy's own
+# between the call and the code that handed it the tensor)
+NUMPY_READS = frozenset({"__array__", "__dlpack__"})
+_LIBRARIES = tuple(os.path.join(os.path.dirname(os.path.realpath(m.__file__)), "")
+                   for m in (torch, numpy))
+
+
+class DataExits(TorchFunctionMode):
+    """Notes each call that hands a tensor's data out of torch (``LEAVES_TORCH``) made by code
+    that is not library code.  ``.numpy()``, ``.tolist()`` and the like count when the code
+    calling them is untrusted (a notebook cell; a tensor printed by torch's own formatting
+    does not count); ``Tensor.__array__`` and ``__dlpack__`` (``NUMPY_READS``), which numpy
+    calls from its C code when it is handed a tensor, count when the first frame above them
+    that is neither torch's nor numpy's is untrusted.
+
+    Run innermost (closest to the learner's function), it also sees what ``watch``'s own
+    log of function names would attribute to it, so it takes over that part of the
+    ``torch_only`` rule for the checks that run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.prefixes = _prefixes()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = getattr(func, "__name__", "")
+        if name in LEAVES_TORCH:
+            frame = sys._getframe(1)
+            while name in NUMPY_READS and frame is not None and os.path.realpath(
+                    frame.f_code.co_filename).startswith(_LIBRARIES):
+                frame = frame.f_back
+            if frame is not None and not trusted(frame.f_code.co_filename, self.prefixes):
+                self.names.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _drive_in_torch(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                    ) -> list[Outcome]:
+    """``call_each``, with ``DataExits`` watching each case: the ways the tensors' data left
+    torch are added to the case's observations as ``left_torch``."""
+    outcomes = []
+    for case in cases:
+        exits = DataExits()
+        out = call_each([_under(exits, fns[0])], [case], spec)[0]
+        outcomes.append(replace(out, observed={**out.observed,
+                                               "left_torch": sorted(exits.names)}))
+    return outcomes
+
+
+def _under(mode: TorchFunctionMode, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with ``mode`` on."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with mode:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _stays_in_torch(case: Case, out: Outcome) -> str | None:
+    """No tensor data handed out of torch: not to numpy (``.numpy()``, ``np.asarray``,
+    ``np.array``, a numpy function given a tensor), Python lists or raw pointers."""
+    left = out.observed.get("left_torch") or []
+    if left:
+        how = (", which numpy calls to read a tensor it is handed" if left[0] in NUMPY_READS
+               else "")
+        return (f"it moved tensor data out of torch (`Tensor.{left[0]}`{how}); this "
+                "exercise's rules are checked on torch's operators, so do the integer "
+                "arithmetic on torch tensors")
+    return None
+
+
+def _integer_products(case: Case, out: Outcome) -> str | None:
+    """The products are computed by torch's operators: an integer matmul (``aten::mm``,
+    ``bmm``, ``_int_mm``...) or elementwise products (``aten::mul``, on integers where the
+    check also holds ``_integer_only``), not in Python numbers."""
+    ops = out.observed.get("ops") or {}
+    int_mm = set(out.observed.get("matmul_dtypes") or ()) & INTEGERS
+    if int_mm or any(op in ops for op in PRODUCT_OPS):
+        return None
+    return ("torch computed no integer products (no integer matmul, no products summed): "
+            "multiply the int8 codes as integer tensors, e.g. an int32 matmul or "
+            "torch._int_mm, so that the recorder sees integer arithmetic")
 
 
 def _no_torch_quantization(case: Case, out: Outcome) -> str | None:
@@ -48,12 +145,14 @@ def _no_torch_quantization(case: Case, out: Outcome) -> str | None:
 
 
 def _integer_only(case: Case, out: Outcome) -> str | None:
-    """No floating point anywhere: no matmul on floats, no float tensor created."""
+    """No floating point anywhere: no matmul on floats, no float tensor created, no tensor
+    value turned into a Python float."""
     mm = sorted(set(out.observed.get("matmul_dtypes", [])) & FLOATS)
     made = sorted(set(out.observed.get("float_dtypes", [])))
-    if mm or made:
-        return (f"it computes in floating point ({', '.join(mm + made)}); an int8 matmul "
-                "multiplies integer codes with int32 accumulation")
+    python = ["Python float"] if "__float__" in (out.observed.get("functions") or ()) else []
+    if mm or made or python:
+        return (f"it computes in floating point ({', '.join(mm + made + python)}); an int8 "
+                "matmul multiplies integer codes with int32 accumulation")
     return None
 
 
@@ -297,10 +396,12 @@ def _int8_matmul_cases() -> list[Case]:
             for name, xq, wq, zp in inputs]
 
 
-int8_matmul = Spec("int8_matmul", _int8_matmul_cases, compare=_exact(torch.int32),
-                   rules=(_integer_only,), forbid=FORBID, torch_only=True)
+int8_matmul = Spec("int8_matmul", _int8_matmul_cases, drive=_drive_in_torch,
+                   compare=_exact(torch.int32),
+                   rules=(_stays_in_torch, _integer_only, _integer_products), forbid=FORBID,
+                   torch_only=True)
 """``fn(x_q, w_q, x_zero_point) -> int32``: exact, also past float32's 2**24, and computed
-in integers (no floating-point tensor anywhere)."""
+in integers by torch (no floating-point tensor anywhere, nothing handed to numpy)."""
 
 
 def _int8_linear_cases() -> list[Case]:
@@ -324,11 +425,12 @@ def _int8_linear_cases() -> list[Case]:
     return cases
 
 
-int8_linear = Spec("int8_linear", _int8_linear_cases, compare=close(rtol=1e-5, atol=1e-5),
-                   rules=(_integer_matmul, _no_torch_quantization), forbid=FORBID,
-                   torch_only=True)
+int8_linear = Spec("int8_linear", _int8_linear_cases, drive=_drive_in_torch,
+                   compare=close(rtol=1e-5, atol=1e-5),
+                   rules=(_stays_in_torch, _integer_matmul, _integer_products,
+                          _no_torch_quantization), forbid=FORBID, torch_only=True)
 """``fn(x, w_q, w_scale, x_scale, x_zero_point, bias) -> float32`` against the reference,
-with the matmul done on integer codes."""
+with the matmul done by torch on integer codes (nothing handed to numpy)."""
 
 
 class _Nested(nn.Module):
