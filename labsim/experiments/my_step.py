@@ -565,8 +565,10 @@ class _Measured:
 def _measure(steps: dict[str, Callable[[], None]], device: torch.device, rounds: int,
              max_seconds: float) -> tuple[dict[str, _Measured], dict[str, Any]]:
     """First call of each step (warm-up: Adam's state, a compile), its peak memory (second
-    call), then interleaved rounds: as many as ``max_seconds`` allows by the second calls'
-    times, at least 3 and at most ``rounds``."""
+    call), then interleaved rounds: as many as ``max_seconds`` of this process's CPU time
+    allow by the second calls' CPU time, at least 3 and at most ``rounds``.  CPU time, not
+    wall time: on a busy machine a round waits longer for a core but computes as much, and
+    the verdict needs as many rounds as on a quiet one."""
     first: dict[str, float] = {}
     for name, step in steps.items():
         start = time.perf_counter()
@@ -575,10 +577,10 @@ def _measure(steps: dict[str, Callable[[], None]], device: torch.device, rounds:
         first[name] = time.perf_counter() - start
     memory: dict[str, int] = {}
     anchor = torch.empty(0, device=device)  # so that peak_bytes reads this device's memory
-    start = time.perf_counter()
+    start = time.process_time()
     for name, step in steps.items():
         memory[name] = peak_bytes(lambda _on, step=step: step(), anchor)
-    per_round = time.perf_counter() - start  # under the profiler: an over-estimate
+    per_round = time.process_time() - start  # under the profiler: an over-estimate
     n = max(3, min(rounds, int(max_seconds / max(per_round, 1e-9))))
     timings = time_interleaved(steps, device=device, warmup=0, rounds=n)
     out = {name: _Measured(first[name], memory[name], timings[name].times_s) for name in steps}
@@ -652,7 +654,8 @@ def record(lab: str | int, *, peak_flops: float | None = None,
     the file for later labs; without one the table measures a matmul).  ``attention``: lab
     04's core ``(q, k, v) -> out``, causal, e.g. ``lambda q, k, v: FlashAttention2.apply(q, k,
     v, True)``; it must give the written-out attention's loss and gradients.  ``rounds``,
-    ``max_seconds``: at most that many rounds, fewer where a round is slow (at least 3)."""
+    ``max_seconds``: at most that many rounds, fewer where a round takes more CPU time than
+    ``max_seconds / rounds`` (at least 3)."""
     key = _lab_key(lab)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 3:
         raise ValueError(f"rounds={rounds!r}: must be a whole number >= 3 (quartiles and a "
