@@ -185,3 +185,44 @@ def test_a_watch_does_not_keep_its_callers_locals_alive() -> None:
     finally:
         if enabled:
             gc.enable()
+
+
+def test_work_on_a_python_thread_started_before_the_block_counts_as_elsewhere():
+    """A pool thread started before the check, doing the work while the function waits, is
+    counted; torch's native OpenMP workers are not (they run no Python code)."""
+    import threading
+    import time
+
+    from labsim.checks._observe import outside_reason, watch
+
+    go, done = threading.Event(), threading.Event()
+
+    def spin():
+        go.wait()
+        end = time.thread_time() + 0.15
+        while time.thread_time() < end:
+            pass
+        done.set()
+
+    worker = threading.Thread(target=spin, daemon=True)
+    worker.start()
+    with watch() as seen:
+        go.set()
+        done.wait(10)
+    worker.join()
+    summary = seen.summary()
+    assert summary["elsewhere_cpu_s"] >= 0.1
+    assert "ran on other threads" in outside_reason(summary)
+
+
+def test_an_idle_process_with_torch_threads_shows_no_elsewhere_work():
+    import torch
+
+    from labsim.checks._observe import outside_reason, watch
+
+    torch.randn(512, 512) @ torch.randn(512, 512)  # wakes the intra-op pool
+    with watch() as seen:
+        x = torch.randn(256, 256)
+        for _ in range(20):
+            x = (x @ x).tanh()
+    assert outside_reason(seen.summary()) is None

