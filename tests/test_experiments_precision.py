@@ -1,6 +1,9 @@
 """labsim.experiments.precision: format limits, fp16 underflow, the AMP training loop.
 
 labsim.experiments.precision: op dtypes under autocast, activation bytes by precision mode.
+
+labsim.experiments.precision: limits probed on tensors, 16-bit weights updated three ways,
+dtypes timed in interleaved rounds.
 """
 
 from __future__ import annotations
@@ -14,17 +17,25 @@ from labsim import Transformer
 from labsim.experiments.precision import (
     AUTOCAST_LISTS,
     PRECISION_MODES,
+    MasterWeight,
+    PlainWeight,
     accumulate,
     autocast_dtypes,
     autocast_lists,
+    compare_matmul_dtypes,
+    compare_training_steps,
     format_limits,
     fp16_gradient_underflow,
     gpt_activation_bytes,
     gpt_saved_bytes,
     grad_scaler,
+    low_precision_sgd,
     matmul_flops_per_s,
+    probe_limits,
     round_trip,
+    state_bytes,
     train_amp,
+    update_drift,
 )
 from labsim.lab import GPT, random_batch
 from labsim.lab.device import torch_dtype
@@ -147,3 +158,65 @@ def test_sixteen_bit_sums_stall():
     assert accumulate(0.01, 1000, "fp32") == pytest.approx(10.0, rel=1e-4)
     assert accumulate(0.01, 1000, "bf16") == 4.0  # spacing 2**-5 at 4: half of it > 0.01
     assert 9.0 < accumulate(0.01, 1000, "fp16") < 10.0
+
+
+def test_probes_hold_at_the_true_limits_and_fail_at_wrong_ones():
+    lim = format_limits("bf16")
+    true = {"max": lim.max, "smallest_normal": lim.smallest_normal,
+            "smallest_subnormal": lim.smallest_subnormal, "eps": lim.eps}
+    assert all(p.holds for p in probe_limits(true, "bf16"))
+    assert len(probe_limits(true, "bf16")) == 7
+    fp16_eps_for_bf16 = {**true, "eps": 2.0**-10}  # fp16's precision claimed for bf16
+    wrong = {p.label: p.holds for p in probe_limits(fp16_eps_for_bf16, "bf16")}
+    assert not wrong["1 + eps"] and wrong["largest finite"]
+    assert "NOT the predicted" in repr(probe_limits(fp16_eps_for_bf16, "bf16")[5])
+
+
+class _Kahan:
+    def __init__(self, weight):
+        self.weight, self.lost = weight.clone(), torch.zeros_like(weight)
+
+    def add_(self, update):
+        owed = update + self.lost
+        new = self.weight + owed
+        self.lost, self.weight = owed - (new - self.weight), new
+
+
+def test_plain_16_bit_weights_lose_small_updates_a_master_and_compensation_keep_them():
+    plain_sum, plain_weight = update_drift(PlainWeight)
+    assert plain_sum.plain == 4.0 and plain_weight.plain == 1.0  # the updates rounded away
+    for row in update_drift(_Kahan):
+        spacing = 2.0 ** (math.floor(math.log2(abs(row.exact))) - 7)  # bf16 ulp there
+        assert abs(row.yours - row.exact) <= spacing / 2
+        assert row.yours == row.master  # both round the exact value to the nearest bf16
+
+
+def test_sgd_in_plain_bf16_stalls_compensation_matches_the_fp32_master():
+    plain, master, yours = low_precision_sgd(_Kahan, steps=300)
+    assert (plain.bytes_per_param, master.bytes_per_param, yours.bytes_per_param) == (2, 6, 4)
+    assert plain.test_mse > 5 * master.test_mse
+    assert yours.test_mse == pytest.approx(master.test_mse, rel=0.05)
+
+
+def test_state_bytes_counts_each_storage_once():
+    w = torch.zeros(10, dtype=torch.bfloat16)
+    master = MasterWeight(w)
+    assert state_bytes(master) == 10 * 4 + 10 * 2
+
+    class Shared:
+        def __init__(self):
+            self.a = w
+            self.b = [w[:5], {"c": w}]
+
+    assert state_bytes(Shared()) == 20
+
+
+def test_dtype_comparisons_name_both_dtypes_and_a_verdict():
+    got = compare_matmul_dtypes(32, ("fp32", "fp64"), rounds=3)
+    assert set(got.flops_per_s) == {"fp32", "fp64"} and all(r > 0 for r in got.flops_per_s.values())
+    assert {got.comparison.fast, got.comparison.slow} == {"fp32", "fp64"}
+    assert got.comparison.rounds == 3 and "32x32 matmul" in repr(got)
+    cfg = Transformer(layers=1, hidden=32, heads=2, seq_len=16, vocab=64)
+    idx, targets = random_batch(cfg, batch=2)
+    steps = compare_training_steps(GPT(cfg), idx, targets, "bf16", rounds=2)
+    assert {steps.fast, steps.slow} == {"fp32", "bf16 autocast"} and steps.rounds == 2

@@ -1,4 +1,5 @@
-"""Checks for the mixed-precision exercises: format limits and a dynamic loss scaler.
+"""Checks for the mixed-precision exercises: format limits, a dynamic loss scaler and a 16-bit
+weight that keeps its small updates.
 
 The oracle for the loss scaler is PyTorch's own ``torch.amp.GradScaler``: every scenario runs
 once with it (in the grader's process when grading) and once with the learner's class, on the
@@ -6,6 +7,12 @@ same model and the same gradients, and compares the scale after every step, whic
 skipped and the final weights.  The learner's class must not be, wrap or call a GradScaler:
 the tripwire watches GradScaler's code, the recorder its kernels
 (``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``).
+
+The oracle for the compensated weight is exact arithmetic: every case's updates are summed in
+float64, and the learner's 16-bit weight must stay within the error bound of compensated
+(Kahan) summation at four points of the run, while the recorder sees that no tensor wider
+than 16 bits was made, no value left torch for Python numbers, and no more state was kept
+than one 16-bit buffer beside the weight.
 """
 
 from __future__ import annotations
@@ -222,16 +229,160 @@ loss_scaler = Spec("loss_scaler", _loss_scaler_cases, drive=_drive_scaler,
 """The learner's ``DynamicLossScaler`` class against ``torch.amp.GradScaler``."""
 
 
-# -- a running sum kept in a 16-bit accumulator ---------------------------------------------
+# -- a 16-bit weight that keeps its small updates -------------------------------------------
 
-def _accumulate_cases() -> list[Case]:
-    specs = [(0.01, 1000, "fp32"), (0.01, 1000, "fp16"), (0.01, 1000, "bf16"),
-             (1.0, 300, "bf16"), (1e-4, 5000, "fp16"), (0.1, 100, "bf16"), (3.0, 10, "fp32")]
-    return [Case(f"{times} x {value:g} in {dtype}", (value, times, dtype),
-                 expected=P.accumulate(value, times, dtype)) for value, times, dtype in specs]
+SIXTEEN_BITS = ("bfloat16", "float16")
+STATE_LIMIT = 2  # the weight and one buffer of its size: 2 + 2 bytes per parameter
 
 
-accumulate = Spec("accumulate", _accumulate_cases, compare=close(rtol=0),
-                  forbid=("labsim.experiments.precision:accumulate",), ops=False)
-"""``fn(value, times, dtype) -> float``: ``value`` added ``times`` times into an accumulator of
-``dtype`` ("fp32", "fp16", "bf16"), rounded after every addition; exact to the last bit."""
+def kahan_bound(terms_abs_sum: torch.Tensor, n_terms: int, dtype: torch.dtype) -> torch.Tensor:
+    """Error bound of compensated summation, (2u + n u^2) * sum |x_i| with u the unit roundoff
+    eps / 2 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed. 2002, section
+    4.3); recursive (plain) summation's is (n - 1) u * sum |x_i|."""
+    u = torch.finfo(dtype).eps / 2
+    return (2 * u + n_terms * u * u) * terms_abs_sum
+
+
+def _marks(n: int) -> list[int]:
+    return sorted({max(1, n // 4), max(1, n // 2), max(1, 3 * n // 4), n})
+
+
+def _weight_case(name: str, start: torch.Tensor, updates: torch.Tensor) -> Case:
+    """``updates`` (n, *start.shape) applied one by one to ``start``; expected: the exact
+    running sums at the marks, the bound there and where a plain 16-bit ``+=`` ends up."""
+    dtype, n = start.dtype, updates.shape[0]
+    exact = start.double() + updates.double().cumsum(0)
+    abs_sum = start.double().abs() + updates.double().abs().cumsum(0)
+    plain, plain_at = start.clone(), []
+    marks = _marks(n)
+    for i in range(n):
+        plain = plain + updates[i]
+        if i + 1 in marks:
+            plain_at.append(plain.double())
+    expected = {
+        "dtype": str(dtype).replace("torch.", ""), "shape": list(start.shape), "marks": marks,
+        "exact": [exact[m - 1] for m in marks],
+        "bound": [kahan_bound(abs_sum[m - 1], m + 1, dtype) for m in marks],
+        "plain": plain_at,
+    }
+    return Case(name, (start, updates), expected=expected, compare=_weight_compare)
+
+
+def _weight_compare(got: Any, expected: Any) -> str | None:
+    if not isinstance(got, dict) or set(got) != {"weights", "dtype", "shape"}:
+        return f"the check could not read the weight: {got!r}"[:200]
+    if got["dtype"] != expected["dtype"] or list(got["shape"]) != expected["shape"]:
+        return (f"`weight` is a {got['dtype']} tensor of shape {got['shape']}; it must stay "
+                f"{expected['dtype']} of shape {expected['shape']}")
+    n = expected["marks"][-1]
+    for k, mark in enumerate(expected["marks"]):
+        w = torch.as_tensor(got["weights"][k], dtype=torch.float64).reshape(-1)
+        exact = torch.as_tensor(expected["exact"][k]).reshape(-1)
+        bound = torch.as_tensor(expected["bound"][k]).reshape(-1)
+        err = (w - exact).abs()
+        if not bool((err <= bound).all()) or not bool(torch.isfinite(w).all()):
+            i = int(torch.argmax(torch.nan_to_num(err / bound.clamp_min(1e-300), nan=math.inf)))
+            plain = float(torch.as_tensor(expected["plain"][k]).reshape(-1)[i])
+            return (f"after {mark} of {n} updates, element {i} is {float(w[i]):.7g}; the exact "
+                    f"sum is {float(exact[i]):.7g} (off by {float(err[i]):.3g}; compensated "
+                    f"summation stays within {float(bound[i]):.3g}, a plain 16-bit += ends "
+                    f"at {plain:.7g})")
+    return None
+
+
+def _weight_cases() -> list[Case]:
+    gen = torch.Generator().manual_seed(11)
+    bf, fp16 = torch.bfloat16, torch.float16
+    steady = torch.randn(64, generator=gen)
+    w_mixed = torch.randn(32, generator=gen)
+    big = torch.zeros(160, 32)
+    big[::40] = 3 * torch.randn(4, 32, generator=gen)
+    cases = [
+        ("bf16: 1 + 100 updates of -0.001 (the section's weight)",
+         torch.tensor([1.0, -1.0, 0.5, 2.0], dtype=bf), torch.full((100, 4), -1e-3, dtype=bf)),
+        ("bf16: 0 + 600 updates of 0.01 (a running sum)",
+         torch.zeros(2, dtype=bf), torch.full((600, 2), 0.01, dtype=bf)),
+        ("bf16: 256 weights, 300 noisy SGD-like updates of ~1e-3 (some cross zero)",
+         torch.randn(256, generator=gen).to(bf),
+         (1e-3 * torch.randn(300, 256, generator=gen)).to(bf)),
+        ("bf16: 64 weights drifting steadily by ~1e-3 per update, with noise",
+         torch.randn(64, generator=gen).to(bf),
+         (-1e-3 * steady + 5e-4 * torch.randn(300, 64, generator=gen)).to(bf)),
+        ("fp16: 64 weights, 400 updates of ~1e-4",
+         torch.randn(64, generator=gen).to(fp16),
+         (1e-4 * torch.randn(400, 64, generator=gen)).to(fp16)),
+        ("bf16: a few updates larger than the weights among small ones",
+         w_mixed.to(bf), (big + 1e-3 * torch.randn(160, 32, generator=gen)).to(bf)),
+        ("bf16: zero updates leave the weight as it was",
+         torch.tensor([0.0, 1.5, -3.0], dtype=bf), torch.zeros(20, 3, dtype=bf)),
+    ]
+    return [_weight_case(name, start, updates) for name, start, updates in cases]
+
+
+def _drive_weight(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spec: Spec
+                  ) -> list[Outcome]:
+    """``cls(start)``, then ``add_(update)`` for every update, handed over in one buffer that
+    is overwritten for the next (as an optimizer reuses its gradient buffer); ``weight`` is
+    copied at the marks.  Watched: the dtypes of the tensors made, the operators, the torch
+    functions, and the bytes still held at the end by tensors the learner's code made."""
+    cls = fns[0]
+    outcomes = []
+    for case in cases:
+        start, updates = case.args
+        marks = set(_marks(int(updates.shape[0])))
+        start = start.clone()
+        buffer = torch.empty_like(updates[0])
+        copies: list[torch.Tensor] = []
+        weight_bytes = start.numel() * start.element_size()
+        with watch(spec.forbid, keep_created=True, functions=True) as seen:
+            try:
+                obj = cls(start)
+                for i in range(int(updates.shape[0])):
+                    buffer.copy_(updates[i])
+                    obj.add_(buffer)
+                    if i + 1 in marks:
+                        copies.append(obj.weight.detach().clone())
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                error: BaseException | None = exc
+            else:
+                error = None
+        log = seen.log
+        held = log.held_bytes(exclude=copies) if log is not None else 0
+        observed = {**seen.summary(), "held_bytes": held, "weight_bytes": weight_bytes}
+        if error is not None:
+            outcomes.append(Outcome.of_error(error, observed))
+            continue
+        last = copies[-1]
+        value = {"weights": [c.double().reshape(-1) for c in copies],
+                 "dtype": str(last.dtype).replace("torch.", ""), "shape": list(last.shape)}
+        outcomes.append(plain_outcome(value, observed))
+        del obj
+    return outcomes
+
+
+def _sixteen_bit_state(case: Case, out: Outcome) -> str | None:
+    wide = [d for d in out.observed.get("float_dtypes", []) if d not in SIXTEEN_BITS]
+    if wide:
+        return (f"it made {', '.join(wide)} tensors: a wider copy of the weight is the fp32 "
+                "master this exercise does without; keep the weight and what rounding lost "
+                "in 16-bit tensors")
+    if out.observed.get("ops", {}).get("aten::_local_scalar_dense"):
+        return ("it reads values out of tensors into Python numbers (.item(), float()): "
+                "Python floats are 64-bit; keep the state in 16-bit tensors")
+    return None
+
+
+def _one_buffer(case: Case, out: Outcome) -> str | None:
+    held, size = out.observed.get("held_bytes", 0), out.observed.get("weight_bytes", 1)
+    if held > STATE_LIMIT * size:
+        return (f"it keeps {held} bytes of tensors for a {size}-byte weight: the weight and "
+                "one 16-bit buffer of its size are enough (4 bytes per parameter, against 6 "
+                "for an fp32 master and its 16-bit copy)")
+    return None
+
+
+compensated_weight = Spec("compensated_weight", _weight_cases, drive=_drive_weight,
+                          rules=(_sixteen_bit_state, _one_buffer), torch_only=True)
+"""``cls(weight)`` with ``add_(update)`` and ``.weight``: a 16-bit weight that ends within the
+error bound of compensated summation of the exact sum, holding only 16-bit tensors, at most
+twice the weight's bytes."""

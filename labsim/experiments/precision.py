@@ -15,7 +15,13 @@ What is measured here:
 - what ``torch.autocast`` does to a model: the dtype each common op produces
   (``autocast_dtypes``), the bytes a ``labsim.lab.models.GPT`` forward saves for backward in
   fp32, under autocast or as a pure bf16 model (``gpt_activation_bytes``), and speed by dtype
-  on this device (``matmul_flops_per_s``, ``training_step_time``).
+  on this device (``matmul_flops_per_s``; ``compare_matmul_dtypes`` and
+  ``compare_training_steps`` time the dtypes in interleaved rounds on one CPU thread and say
+  "too noisy to tell" when the rounds disagree);
+- what a 16-bit weight loses to rounding, and what keeps it: a running sum in each format
+  (``accumulate``), a weight updated in plain 16 bits, through an fp32 master copy or through
+  a learner's compensated 16-bit weight (``update_drift``), and SGD trained those three ways
+  (``low_precision_sgd``; Zamirai et al., "Revisiting BFloat16 Training", arXiv:2010.06192).
 
 Dtype names are the catalog's keys: ``"fp64" "fp32" "fp16" "bf16"``.
 """
@@ -24,7 +30,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +40,7 @@ from torch import nn
 
 from labsim.lab.device import time_fn, torch_dtype
 from labsim.lab.memory import MemoryMeter
+from labsim.lab.timing import Comparison, compare, one_thread, time_interleaved
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,50 @@ def round_trip(values: Sequence[float] | torch.Tensor, name: str | torch.dtype) 
     """``values`` stored in ``name`` and read back as float64 (shows rounding, flush, overflow)."""
     x = torch.as_tensor(values, dtype=torch.float64)
     return x.to(torch_dtype(name)).double()
+
+
+@dataclass(frozen=True)
+class LimitProbe:
+    """One value at or just past a predicted limit of a format, stored in it and read back.
+
+    ``predicted`` is what the limits say must come back (the value itself, ``inf`` or a
+    rounded value); ``stored`` is what rounding a real tensor gave.
+    """
+
+    label: str
+    value: float
+    predicted: float
+    stored: float
+
+    @property
+    def holds(self) -> bool:
+        return self.stored == self.predicted
+
+    def __repr__(self) -> str:
+        mark = "as predicted" if self.holds else f"NOT the predicted {self.predicted:.6g}"
+        return f"{self.label:>24}: {self.value:.6g} -> {self.stored:.6g} ({mark})"
+
+
+def probe_limits(limits: Mapping[str, float], name: str | torch.dtype) -> list[LimitProbe]:
+    """Test predicted ``limits`` of format ``name`` (the dict ``float_limits`` returns: "max",
+    "smallest_normal", "smallest_subnormal", "eps") by rounding real tensors to it.
+
+    Each limit must survive the round trip; one step past it must not: ``max * (1 + eps)``
+    overflows to inf, half the smallest subnormal rounds to 0 (ties to even), ``1 + eps / 2``
+    rounds back to 1 (IEEE 754-2019, section 4.3.1, round to nearest, ties to even)."""
+    lim = {k: float(limits[k]) for k in ("max", "smallest_normal", "smallest_subnormal", "eps")}
+    dtype = torch_dtype(name)
+    rows = [
+        ("largest finite", lim["max"], lim["max"]),
+        ("largest x (1 + eps)", lim["max"] * (1 + lim["eps"]), math.inf),
+        ("smallest normal", lim["smallest_normal"], lim["smallest_normal"]),
+        ("smallest subnormal", lim["smallest_subnormal"], lim["smallest_subnormal"]),
+        ("half of it", lim["smallest_subnormal"] / 2, 0.0),
+        ("1 + eps", 1 + lim["eps"], 1 + lim["eps"]),
+        ("1 + eps / 2", 1 + lim["eps"] / 2, 1.0),
+    ]
+    return [LimitProbe(label, value, predicted, _roundtrip(value, dtype))
+            for label, value, predicted in rows]
 
 
 @dataclass(frozen=True)
@@ -305,6 +357,152 @@ def accumulate(value: float, times: int, dtype: str | torch.dtype) -> float:
     return float(total)
 
 
+class UpdatableWeight(Protocol):
+    """A weight that takes updates: ``add_(update)`` and the tensor the model uses,
+    ``weight``."""
+
+    weight: torch.Tensor
+
+    def add_(self, update: torch.Tensor) -> None: ...
+
+
+class PlainWeight:
+    """A weight kept in its 16-bit dtype and updated with a plain ``+``: every addition is
+    rounded to the format, so an update below half the spacing of the weight is lost."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.clone()
+
+    def add_(self, update: torch.Tensor) -> None:
+        self.weight = self.weight + update
+
+
+class MasterWeight:
+    """Mixed precision's answer (Micikevicius et al. 2018, section 3.1): an fp32 master copy
+    takes the updates, and the model uses its 16-bit copy, refreshed after every update --
+    4 + 2 bytes per parameter."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.master = weight.float()
+        self.weight = weight.clone()
+
+    def add_(self, update: torch.Tensor) -> None:
+        self.master += update.float()
+        self.weight = self.master.to(self.weight.dtype)
+
+
+WeightFactory = Callable[[torch.Tensor], UpdatableWeight]
+
+
+def state_bytes(weight: object) -> int:
+    """Bytes of every tensor ``weight`` holds in its attributes (and one level down in lists,
+    tuples and dicts), each storage once."""
+    seen: dict[int, int] = {}
+
+    def note(value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+
+    for value in vars(weight).values():
+        note(value)
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                note(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                note(item)
+    return sum(seen.values())
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """One run of updates applied three ways: the exact result (float64) and what a plain
+    16-bit weight, an fp32 master copy (read as its 16-bit copy) and ``yours`` end at."""
+
+    label: str
+    exact: float
+    plain: float
+    master: float
+    yours: float
+
+    def __repr__(self) -> str:
+        return (f"{self.label:<34} exact {self.exact:<9.6g} plain {self.plain:<9.6g} "
+                f"fp32 master {self.master:<9.6g} yours {self.yours:.6g}")
+
+
+def _apply(make: WeightFactory, start: torch.Tensor, update: torch.Tensor, times: int
+           ) -> float:
+    weight = make(start.clone())
+    for _ in range(times):
+        weight.add_(update.clone())
+    return float(weight.weight.double().reshape(-1)[0])
+
+
+def update_drift(make_weight: WeightFactory, dtype: str = "bf16") -> list[DriftRow]:
+    """The two runs of the lab's section 5 through ``make_weight`` (a class such as
+    ``PlainWeight``): 1000 updates of 0.01 from 0, and 100 updates of -0.001 from 1."""
+    dt = torch_dtype(dtype)
+    rows = []
+    for label, start, step, times in (("0 + 1000 updates of 0.01", 0.0, 0.01, 1000),
+                                      ("1 + 100 updates of -0.001", 1.0, -1e-3, 100)):
+        w0 = torch.tensor([start], dtype=dt)
+        u = torch.tensor([step], dtype=dt)
+        exact = start + float(u.double()) * times
+        rows.append(DriftRow(f"{label} ({dtype})", exact,
+                             *(_apply(m, w0, u, times)
+                               for m in (PlainWeight, MasterWeight, make_weight))))
+    return rows
+
+
+@dataclass(frozen=True)
+class SgdRun:
+    """A linear model trained by SGD with its weight kept one way: the bytes per parameter
+    that way holds (``state_bytes``) and the test error after training."""
+
+    label: str
+    bytes_per_param: float
+    test_mse: float
+
+    def __repr__(self) -> str:
+        return (f"{self.label:<34} {self.bytes_per_param:3.0f} B/param, "
+                f"test error {self.test_mse:.3g}")
+
+
+def low_precision_sgd(
+    make_weight: WeightFactory, *, steps: int = 400, lr: float = 0.05, seed: int = 0,
+    dtype: str = "bf16", width: int = 64, outputs: int = 8, batch: int = 32,
+) -> list[SgdRun]:
+    """Train a ``width -> outputs`` linear map by SGD on a noiseless teacher, with the weight
+    kept in ``dtype`` three ways: ``PlainWeight``, ``MasterWeight`` and ``make_weight``.
+
+    Every step reads the model's 16-bit ``weight``, computes the gradient of the mean squared
+    error from it (in fp32, as a 16-bit matmul with fp32 accumulation would) and hands
+    ``-lr * grad`` rounded to ``dtype`` to ``add_``: only the update's addition differs.  As
+    the error falls the updates shrink below half the weights' spacing, and a plain 16-bit
+    weight stops learning ("nearest rounding for model weight updates often cancels small
+    updates": Zamirai et al., "Revisiting BFloat16 Training", arXiv:2010.06192).  The test
+    error is the mean squared error on 256 fresh inputs.  Runs on one CPU thread."""
+    gen = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(width, outputs, generator=gen) / math.sqrt(width)
+    x = torch.randn(steps, batch, width, generator=gen)
+    x_test = torch.randn(256, width, generator=gen)
+    y, y_test = x @ teacher, x_test @ teacher
+    runs = []
+    with one_thread():
+        for label, make in (("plain 16-bit weight", PlainWeight),
+                            ("fp32 master + 16-bit copy", MasterWeight),
+                            ("16-bit weight, yours", make_weight)):
+            weight = make(torch.zeros(width, outputs, dtype=torch_dtype(dtype)))
+            for i in range(steps):
+                residual = x[i] @ weight.weight.float() - y[i]
+                grad = 2 * x[i].T @ residual / residual.numel()
+                weight.add_((-lr * grad).to(torch_dtype(dtype)))
+            test = (x_test @ weight.weight.float() - y_test).square().mean().item()
+            runs.append(SgdRun(label, state_bytes(weight) / (width * outputs), test))
+    return runs
+
+
 AUTOCAST_LISTS = ("low precision", "fp32", "neither: runs in the dtype it receives")
 
 
@@ -403,3 +601,65 @@ def training_step_time(
 
     timing = time_fn(step, device=idx.device, warmup=2, repeat=repeat, max_seconds=max_seconds)
     return timing.median_s
+
+
+@dataclass(frozen=True)
+class DtypeComparison:
+    """Two dtypes timed in interleaved rounds: achieved FLOP/s of each (median round) and the
+    verdict of ``labsim.lab.timing.compare``."""
+
+    label: str
+    flops_per_s: dict[str, float]
+    comparison: Comparison
+
+    def __repr__(self) -> str:
+        from labsim.units import fmt_flops
+
+        rates = ", ".join(f"{d} {fmt_flops(r)}" for d, r in self.flops_per_s.items())
+        return f"{self.label}: {rates} -> {self.comparison.verdict}"
+
+
+def _threads(device: torch.device | str) -> Any:
+    return one_thread() if torch.device(device).type == "cpu" else nullcontext()
+
+
+def compare_matmul_dtypes(
+    n: int, dtypes: tuple[str, str] = ("fp32", "bf16"), device: torch.device | str = "cpu",
+    *, rounds: int = 5, max_seconds: float = 3.0,
+) -> DtypeComparison:
+    """An ``n x n @ n x n`` matmul in each of ``dtypes`` (2 n^3 FLOP a call), timed in
+    ``rounds`` interleaved rounds (on one thread on a CPU), compared round by round."""
+    mats = {}
+    for d in dtypes:
+        dt = torch_dtype(d)
+        mats[d] = (torch.randn(n, n, device=device).to(dt), torch.randn(n, n, device=device).to(dt))
+    fns = {d: (lambda a=a, b=b: a @ b) for d, (a, b) in mats.items()}
+    with _threads(device):
+        timings = time_interleaved(fns, device=device, rounds=rounds, max_seconds=max_seconds)
+    return DtypeComparison(f"{n}x{n} matmul", {d: 2 * n**3 / t.median_s
+                                                for d, t in timings.items()},
+                           compare(timings, *dtypes))
+
+
+def compare_training_steps(
+    model: nn.Module, idx: torch.Tensor, targets: torch.Tensor, dtype: str = "bf16",
+    *, rounds: int = 5, max_seconds: float = 20.0,
+) -> Comparison:
+    """Forward + backward + AdamW step of a ``labsim.lab.GPT`` in fp32 and under
+    ``torch.autocast(dtype)``, timed in interleaved rounds and compared round by round
+    (``Comparison.verdict``; names "fp32" and "<dtype> autocast")."""
+    device_type = idx.device.type
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step(low: bool) -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=torch_dtype(dtype), enabled=low):
+            _, loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+
+    fns = {"fp32": lambda: step(False), f"{dtype} autocast": lambda: step(True)}
+    with _threads(idx.device):
+        timings = time_interleaved(fns, device=idx.device, warmup=2, rounds=rounds,
+                                   max_seconds=max_seconds)
+    return compare(timings, "fp32", f"{dtype} autocast")
