@@ -1,6 +1,9 @@
 """labsim.experiments.checkpointing: segments, the planner against exhaustive search, measurement.
 
 labsim.experiments.checkpointing: int8 saved activations, size and error.
+
+labsim.experiments.checkpointing: what a step executes, counted; plans timed in interleaved
+rounds and set against their counts.
 """
 
 from __future__ import annotations
@@ -13,12 +16,21 @@ from hypothesis import strategies as st
 from labsim.checkpointing import every_k, recomputed_layers, segment_peak_bytes, sqrt_segments
 from labsim.checks.checkpointing import _best_recompute, forward_segments, plan_segments
 from labsim.experiments.checkpointing import (
+    ExtraTime,
     block_bytes,
+    combine,
+    count_step,
     dequantize_rows,
+    int8_gradients,
     int8_saved_activations,
+    measure_memory,
+    measure_plans,
     measure_step,
     quantize_rows,
+    time_overhead,
+    time_plans,
 )
+from labsim.lab.device import Timing
 from labsim.lab.models import residual_mlp
 
 L, W, T = 6, 16, 64
@@ -132,3 +144,73 @@ def test_quantize_rows_error_is_at_most_half_a_step():
     back = dequantize_rows(q, scale, t)
     assert q.dtype == torch.int8 and back.shape == t.shape
     assert ((back - t).abs() <= scale / 2 + 1e-7).all()
+
+
+def test_counts_see_early_stop_and_what_flop_counting_leaves_out(net):
+    blocks, x = net
+    plain = count_step(forward_segments, blocks, x, [0])
+    every = count_step(forward_segments, blocks, x, every_k(L, 1))
+    # L - 1 recomputed blocks rerun one of their two matmuls (early stop skips the second):
+    # (L - 1) / (6 L) of the step's matmul FLOPs (forward 2 matmuls, backward 4)
+    assert every.flops / plain.flops - 1 == pytest.approx((L - 1) / (6 * L))
+    added = every.extra_ops(plain)
+    for op in ("aten::addmm", "aten::native_layer_norm", "aten::gelu"):
+        assert added[op] == L - 1
+    assert added["aten::detach"] > 3 * (L - 1)  # the saved-tensor hooks' bookkeeping
+    assert list(added)[0] == "aten::detach"  # most added first
+    assert plain.extra_ops(plain) == {}
+
+
+def test_memory_alone_matches_the_instrumented_step(net):
+    blocks, x = net
+    for starts in ([0], every_k(L, 1)):
+        m = measure_memory(forward_segments, blocks, x, starts, label="p")
+        s = measure_step(forward_segments, blocks, x, starts, repeat=1)
+        assert (m.saved_bytes, m.peak_bytes) == (s.saved_bytes, s.peak_bytes)
+        assert m.label == "p" and "saved" in repr(m)
+
+
+def test_plans_are_timed_in_the_same_rounds_and_combined(net):
+    blocks, x = net
+    plans = {"none": [0], "every layer": every_k(L, 1)}
+    t = time_plans(forward_segments, blocks, x, plans, rounds=3)
+    assert set(t) == set(plans) and all(len(v.times_s) == 3 for v in t.values())
+    steps = measure_plans(forward_segments, blocks, x, plans, rounds=2)
+    assert [s.label for s in steps] == list(plans) and all(s.step_s > 0 for s in steps)
+    assert all(p.grad is None for p in blocks.parameters())  # the plans leave no gradients
+
+
+def _timings(*rows):
+    return {k: Timing(tuple(v)) for k, v in rows}
+
+
+def test_overhead_rows_read_the_rounds_and_say_when_they_disagree():
+    counts = {"none": type("C", (), {"flops": 100})(), "every": type("C", (), {"flops": 116})()}
+    large = _timings(("none", [1.0, 1.1, 1.0, 1.2, 1.0]), ("every", [2.0, 2.2, 2.1, 2.3, 2.0]))
+    small = _timings(("none", [0.1] * 5), ("every", [0.3, 0.31, 0.29, 0.3, 0.32]))
+    (row,) = time_overhead(small, large, counts, small_tokens=8, large_tokens=256)
+    assert row.settled and row.flops_added == pytest.approx(0.16)
+    assert row.extra_large.median_s == pytest.approx(1.1) and row.extra_small.median_s == (
+        pytest.approx(0.2))
+    assert "adds 1100.0 ms" in repr(row) and "+16.0%" in repr(row)
+    noisy = _timings(("none", [1.0, 2.0, 1.0, 2.0, 1.0]), ("every", [2.0, 1.0, 2.0, 1.0, 1.1]))
+    (row,) = time_overhead(small, noisy, counts, small_tokens=8, large_tokens=256)
+    assert not row.settled and "too noisy to tell" in repr(row)
+    assert "adds" not in repr(row).split("8 tokens")[0]  # no number where there is no verdict
+    assert ExtraTime.of(large, "none", "every").low_s <= 1.1 <= ExtraTime.of(
+        large, "none", "every").high_s
+
+
+def test_combine_keeps_the_plans_measured_both_ways(net):
+    blocks, x = net
+    mem = {"a": measure_memory(forward_segments, blocks, x, [0], label="a")}
+    got = combine(mem, _timings(("a", [0.5, 0.7, 0.6]), ("b", [1.0])))
+    assert len(got) == 1 and got[0].step_s == pytest.approx(0.6)
+
+
+def test_int8_gradients_report_size_and_error(small_net):
+    blocks, x = small_net
+    got = int8_gradients(forward_segments, blocks, x)
+    assert 0 < got.rel_error < 0.05 and got.cosine > 0.99
+    assert got.stats.raw_bytes > got.stats.stored_bytes > 0
+    assert all(p.grad is None for p in blocks.parameters())
