@@ -80,12 +80,53 @@ def test_tables() -> None:
 def test_timing_table_and_gpu_only_helper() -> None:
     lin = nn.Linear(16, 16)
     threads = torch.get_num_threads()
-    table = time_models({"a": lin, "b": None, "c": lin}, (1, 4), 16, repeat=1,
+    table = time_models({"a": lin, "b": None, "c": lin}, (1, 4), 16, repeat=3,
                                 threads=1)
     assert torch.get_num_threads() == threads
     assert [r[:2] for r in table.rows] == [("a", 1), ("a", 4), ("c", 1), ("c", 4)]
     assert table.column("speed-up vs first")[:2] == [1.0, 1.0]
+    assert all(len(t.times_s) == 3 for b in (1, 4) for t in table.timings[b].values())
+    assert table.speedup("a", 4) == (1.0, 1.0, 1.0)
+    assert "a and a take the same time" in table.verdict("a", 1)
+    assert table.reading("a", 1).startswith("the same within 10 %")
     with pytest.raises(ValueError, match="CUDA"):
         int_mm_table("cpu")
     model, reason = torchao_int8(lin)
     assert (model is None) == (not reason.startswith("torchao "))
+
+
+def test_speed_readings_name_a_winner_only_when_the_rounds_agree() -> None:
+    from labsim.experiments.quantization import SpeedTable
+    from labsim.lab.device import Timing
+
+    def table(fast: tuple[float, ...]) -> SpeedTable:
+        base = Timing((1.0, 1.0, 1.0, 1.0))
+        return SpeedTable(("layer",), (("fp32", 1), ("int8", 1)),
+                          timings={1: {"fp32": base, "int8": Timing(fast)}})
+
+    clear = table((0.5, 0.5, 0.4, 0.5))
+    assert repr(clear).startswith("layer\n-----")  # shown as the table, like any Table
+    assert clear.speedup("int8", 1)[0] == 2.0
+    assert clear.reading("int8", 1).startswith("2x (2.00-2.1")
+    assert clear.verdict("int8", 1).startswith("int8 is 2.00x faster than fp32")
+    noisy = table((0.5, 2.0, 0.5, 2.0))
+    assert noisy.reading("int8", 1).startswith("too noisy to tell")
+    assert noisy.verdict("int8", 1).startswith("too noisy to tell")
+
+
+def test_torchaos_import_leaves_no_notice(caplog: pytest.LogCaptureFixture) -> None:
+    """torch's pytree notice about torchao's Enum constants is torchao's to fix; any other
+    record of that logger still shows."""
+    import logging
+
+    from labsim.experiments.quantization import _without_enum_notice
+
+    class Preference(__import__("enum").Enum):
+        AUTO = 0
+
+    Preference.__module__ = "torchao.quantization.fake"
+    logger = logging.getLogger("torch.utils._pytree")
+    with caplog.at_level(logging.WARNING, logger="torch.utils._pytree"), _without_enum_notice():
+        logger.warning("%s is an Enum subclass and is now natively supported", Preference)
+        logger.warning("%s is an Enum subclass and is now natively supported", int)
+    assert [r.getMessage().split()[0] for r in caplog.records] == ["<class"]

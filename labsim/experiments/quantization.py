@@ -12,15 +12,17 @@ import html
 import importlib.util
 import io
 import logging
+import statistics
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from labsim.lab.device import time_fn
+from labsim.lab.device import Timing, time_fn
+from labsim.lab.timing import compare, spread, time_interleaved
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,34 @@ def _quiet_logger(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
+class _TorchaoEnumConstant(logging.Filter):
+    """Drops torch's notice that an Enum of torchao's is registered as a pytree constant.
+
+    torchao (0.18) decorates its Enum ``KernelPreference`` with
+    ``torchao.utils.register_as_pytree_constant``, which calls
+    ``torch.utils._pytree.register_constant``; torch 2.13 treats Enums natively and logs, on
+    logger ``torch.utils._pytree``, that registering one "is deprecated and will be an error
+    in a future release".  The notice is for torchao's authors (their next release drops the
+    call or breaks); only that record, for a class of torchao's, is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cls = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return not (isinstance(cls, type) and cls.__module__.startswith("torchao.")
+                    and "is an Enum subclass" in str(record.msg))
+
+
+@contextlib.contextmanager
+def _without_enum_notice() -> Iterator[None]:
+    """``_TorchaoEnumConstant`` on torch's pytree logger for the duration (torchao's import)."""
+    logger = logging.getLogger("torch.utils._pytree")
+    notice = _TorchaoEnumConstant()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
+
+
 def torchao_int8(model: nn.Module, weight_only: bool = False) -> tuple[nn.Module | None, str]:
     """torchao's int8 (dynamic activations + int8 weights, or weight-only) if installed.
 
@@ -123,7 +153,7 @@ def torchao_int8(model: nn.Module, weight_only: bool = False) -> tuple[nn.Module
     if importlib.util.find_spec("torchao") is None:
         return None, "torchao is not installed (pip install torchao; it does not pull a torch)"
     try:
-        with warnings.catch_warnings(), _quiet_logger("torchao"):
+        with warnings.catch_warnings(), _quiet_logger("torchao"), _without_enum_notice():
             # torchao warns at import when its C++ kernels do not match this torch build; the
             # Python paths used here work without them, so the learner cannot act on it
             warnings.simplefilter("ignore")
@@ -142,18 +172,63 @@ def torchao_int8(model: nn.Module, weight_only: bool = False) -> tuple[nn.Module
     return qmodel, f"torchao {torchao.__version__}"
 
 
+@dataclass(frozen=True, repr=False)  # shown as the table it is
+class SpeedTable(Table):
+    """``time_models``' result: a ``Table`` (median milliseconds per call, their quartiles, and
+    the speed-up over the first model: the median of the rounds' ratios and its quartiles),
+    with each batch size's ``Timing`` per model, round by round, for verdicts."""
+
+    timings: Mapping[int, Mapping[str, Timing]] = field(default_factory=dict, repr=False)
+
+    @property
+    def base(self) -> str:
+        """The model the others are compared with (the first one timed)."""
+        return self.rows[0][0]
+
+    def speedup(self, name: str, batch: int) -> tuple[float, float, float]:
+        """Median, lower and upper quartile over the rounds of (time of the base) / (time of
+        ``name``) at ``batch``: above 1, ``name`` is faster."""
+        return _ratios(self.timings[batch][self.base], self.timings[batch][name])
+
+    def verdict(self, name: str, batch: int) -> str:
+        """``labsim.lab.timing.compare``'s verdict on the base and ``name`` at ``batch``."""
+        return compare(self.timings[batch], self.base, name).verdict
+
+    def reading(self, name: str, batch: int) -> str:
+        """The speed-up in a few words: "2.19x (2.05-2.30x)", "the same within 10 % (...)",
+        or "too noisy to tell (...)" when the rounds disagree."""
+        med, low, high = self.speedup(name, batch)
+        comparison = compare(self.timings[batch], self.base, name)
+        band = f"{low:.2f}-{high:.2f}x over {comparison.rounds} rounds"
+        if not comparison.settled:
+            return f"too noisy to tell ({band})"
+        if comparison.same_speed:
+            return f"the same within {(comparison.threshold - 1) * 100:.0f} % ({band})"
+        return f"{med:.3g}x ({band})"
+
+
+def _ratios(base: Timing, other: Timing) -> tuple[float, float, float]:
+    ratios = [b / o for b, o in zip(base.times_s, other.times_s)]
+    low, high = spread(ratios)
+    return statistics.median(ratios), low, high
+
+
 def time_models(
     models: Mapping[str, Callable[[torch.Tensor], Any] | None],
     batches: Sequence[int],
     features: int,
     *,
     repeat: int = 5,
-    max_seconds: float = 1.0,
+    max_seconds: float | None = None,
     seed: int = 0,
     threads: int | None = None,
-) -> Table:
-    """Median milliseconds per call of each model on (batch, features) inputs, and the
-    speed-up over the first model.  ``None`` entries are skipped.
+    progress: str | None = None,
+) -> SpeedTable:
+    """Time each model on (batch, features) inputs, every batch size in ``repeat`` interleaved
+    rounds (``labsim.lab.timing.time_interleaved``: one call of each model per round, the
+    order rotating, so that a load that comes and goes slows all of them alike), after one
+    untimed call of each.  ``None`` entries are skipped; ``max_seconds`` stops a batch size
+    after the round that passes it; ``progress`` labels a bar of the batch sizes timed.
 
     ``threads`` sets PyTorch's intra-op threads while timing (restored afterwards); one thread
     gives figures that compare across machines and survive a busy CPU, where threads that
@@ -163,7 +238,7 @@ def time_models(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _time_models(models, batches, features, repeat, max_seconds, seed)
+        return _time_models(models, batches, features, repeat, max_seconds, seed, progress)
     finally:
         torch.set_num_threads(previous)
 
@@ -173,23 +248,41 @@ def _time_models(
     batches: Sequence[int],
     features: int,
     repeat: int,
-    max_seconds: float,
+    max_seconds: float | None,
     seed: int,
-) -> Table:
+    progress: str | None,
+) -> SpeedTable:
     gen = torch.Generator().manual_seed(seed)
     inputs = {b: torch.randn(b, features, generator=gen) for b in batches}
-    base: dict[int, float] = {}
-    rows = []
-    with torch.no_grad():
-        for name, fn in models.items():
-            if fn is None:
-                continue
+    live = {name: fn for name, fn in models.items() if fn is not None}
+    timings: dict[int, dict[str, Timing]] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(batches), unit="batch size", desc=progress, leave=False)
+    try:
+        with torch.no_grad():
             for b in batches:
-                x = inputs[b]
-                t = time_fn(lambda f=fn, x=x: f(x), repeat=repeat, max_seconds=max_seconds)
-                base.setdefault(b, t.median_s)
-                rows.append((name, b, t.median_s * 1e3, base[b] / t.median_s))
-    return Table(("layer", "batch", "ms per call", "speed-up vs first"), tuple(rows))
+                timings[b] = time_interleaved(
+                    {name: (lambda f=fn, x=inputs[b]: f(x)) for name, fn in live.items()},
+                    rounds=repeat, max_seconds=max_seconds)
+                if bar is not None:
+                    bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
+    base = next(iter(live))
+    rows = []
+    for name in live:
+        for b in batches:
+            t = timings[b][name]
+            q1, q3 = spread(t.times_s)
+            med, low, high = _ratios(timings[b][base], t)
+            rows.append((name, b, t.median_s * 1e3, f"{q1 * 1e3:.3g}-{q3 * 1e3:.3g}", med,
+                         f"{low:.3g}-{high:.3g}"))
+    return SpeedTable(("layer", "batch", "ms per call", "ms, quartiles", "speed-up vs first",
+                       "speed-up, quartiles"), tuple(rows), timings=timings)
 
 
 def linear_nbytes(model: nn.Module) -> int:
