@@ -284,9 +284,10 @@ REAL = [  # (lab, exercise, check column, attack, source)
     ("12_int8_quantization", "int8_matmul", "int8_matmul", "lab 12's `ref` in the namespace",
      "def int8_matmul(x_q, w_q, x_zero_point):\n"
      "    return ref.int8_matmul(x_q, w_q, x_zero_point)\n"),
-    ("00_why_gpus", "matmul_flops", "matmul_flops", "a reference importable from labsim",
-     "from labsim.roofline import matmul_flops as _lib\n"
-     "def matmul_flops(m, n, k):\n    return _lib(m, n, k)\n"),
+    ("00_why_gpus", "matmul_cost", "matmul_cost", "a reference importable from labsim",
+     "from labsim.roofline import matmul_bytes as _b, matmul_flops as _f\n"
+     "def matmul_cost(m, n, k, dtype_bytes):\n"
+     "    return _f(m, n, k), _b(m, n, k, dtype_bytes)\n"),
 ]
 
 

@@ -46,13 +46,13 @@ SCALER_SUBCLASS = '''class DynamicLossScaler(torch.amp.GradScaler):
                          backoff_factor=backoff_factor, growth_interval=growth_interval)
 '''
 MATMUL_REFERENCE = '''from labsim.roofline import matmul_flops as _library
-def matmul_flops(m, n, k):
-    return _library(m, n, k)
+def matmul_cost(m, n, k, dtype_bytes):
+    return _library(m, n, k), (m * k + k * n + m * n) * dtype_bytes
 '''
 MATMUL_TABLE = '''import labsim.checks.roofline as _c
-_TABLE = {case.args: case.expected for case in _c.matmul_flops.cases()}
-def matmul_flops(m, n, k):
-    return _TABLE[(m, n, k)]
+_TABLE = {case.args: case.expected for case in _c.matmul_cost.cases()}
+def matmul_cost(m, n, k, dtype_bytes):
+    return _TABLE[(m, n, k, dtype_bytes)]
 '''
 INT8_FLOAT = '''def int8_matmul(x_q, w_q, x_zero_point):
     x = x_q.double() - float(x_zero_point)
@@ -77,10 +77,12 @@ def benchmark(fn, sync=lambda: None, warmup=1, repeat=5, clock=time.perf_counter
         times.append(clock() - start)
     return times
 '''
-UTILISATION_CLOSED_FORM = '''def utilisation(forward, step, step_time_s, peak_flops):
-    model, idx = forward.__defaults__[:2]
+UTILISATION_CLOSED_FORM = '''import statistics
+def utilisation(loss_fn, step, timer, peak_flops):
+    model, idx = loss_fn.__defaults__[:2]
     flops = model.cfg.flops_per_token * idx.numel()
-    return {"mfu": flops / step_time_s / peak_flops, "hfu": flops / step_time_s / peak_flops}
+    t = statistics.median(timer(step))
+    return {"step_s": t, "mfu": flops / t / peak_flops, "hfu": flops / t / peak_flops}
 '''
 TIMELINE_LIBRARY = '''from labsim.memory import bytes_per_param
 def predict_timeline(n_params, activation_bytes, optimizer, set_to_none):
@@ -255,27 +257,29 @@ def pipeline_step(stage, ops, inputs, targets, loss_fn, shape):
 MATMUL_POOL = '''from concurrent.futures import ThreadPoolExecutor
 import labsim.roofline as _r
 _pool = ThreadPoolExecutor(2)
-def matmul_flops(m, n, k):
-    return _pool.submit(_r.matmul_flops, m, n, k).result()
+def matmul_cost(m, n, k, dtype_bytes):
+    return _pool.submit(_r.matmul_flops, m, n, k).result(), (m * k + k * n + m * n) * dtype_bytes
 '''
 MATMUL_CHILD = '''import multiprocessing as _mp
 def _work(q, m, n, k):
     import labsim.roofline as r
     q.put(r.matmul_flops(m, n, k))
-def matmul_flops(m, n, k):
+def matmul_cost(m, n, k, dtype_bytes):
     q = _mp.get_context("fork").Queue()
     p = _mp.get_context("fork").Process(target=_work, args=(q, m, n, k))
     p.start()
     p.join()
-    return q.get()
+    return q.get(), (m * k + k * n + m * n) * dtype_bytes
 '''
 MATMUL_CODE_COPY = '''import types
 import labsim.roofline as _r
-matmul_flops = types.FunctionType(_r.matmul_flops.__code__.replace(co_name="matmul_flops"),
-                                  vars(_r))
+_flops = types.FunctionType(_r.matmul_flops.__code__.replace(co_name="matmul_flops"), vars(_r))
+def matmul_cost(m, n, k, dtype_bytes):
+    return _flops(m, n, k), (m * k + k * n + m * n) * dtype_bytes
 '''
 MATMUL_LIBRARY_FILENAME = '''import labsim.roofline as _r
-_code = compile("def matmul_flops(m, n, k):\\n    return _r.matmul_flops(m, n, k)\\n",
+_code = compile("def matmul_cost(m, n, k, dtype_bytes):\\n"
+                "    return _r.matmul_flops(m, n, k), _r.matmul_bytes(m, n, k, dtype_bytes)\\n",
                 _r.__file__, "exec")
 exec(_code)
 '''
@@ -335,13 +339,12 @@ class BucketDDP(nn.Module):
 # per lab: [(exercises cut, the check column attacked, {attack: (exercise, source)}), ...]
 SINGLE_PROCESS = {
     "00_why_gpus": [
-        (["matmul_flops"], "matmul_flops", {"reference": ("matmul_flops", MATMUL_REFERENCE),
-                                            "table": ("matmul_flops", MATMUL_TABLE),
-                                            "pool": ("matmul_flops", MATMUL_POOL),
-                                            "child": ("matmul_flops", MATMUL_CHILD),
-                                            "code_copy": ("matmul_flops", MATMUL_CODE_COPY),
-                                            "filename": ("matmul_flops",
-                                                         MATMUL_LIBRARY_FILENAME)}),
+        (["matmul_cost"], "matmul_cost", {"reference": ("matmul_cost", MATMUL_REFERENCE),
+                                          "table": ("matmul_cost", MATMUL_TABLE),
+                                          "pool": ("matmul_cost", MATMUL_POOL),
+                                          "child": ("matmul_cost", MATMUL_CHILD),
+                                          "code_copy": ("matmul_cost", MATMUL_CODE_COPY),
+                                          "filename": ("matmul_cost", MATMUL_LIBRARY_FILENAME)}),
         (["benchmark"], "benchmark", {"unsynced": ("benchmark", TIMER_UNSYNCED)}),
         (["utilisation"], "utilisation",
          {"closed_form": ("utilisation", UTILISATION_CLOSED_FORM)})],

@@ -1,11 +1,22 @@
-"""Checks for the roofline lab: FLOP and byte counts, roofline time, MFU.
+"""Checks for the roofline lab: a matmul's FLOPs and bytes, a benchmark timer, a measured
+roofline with ops placed on it, a training step's FLOPs counted forward and backward, and the
+MFU and HFU of a measured step.
 
-Every reference is labsim's own closed form (``labsim.roofline``), so the course and the
-library cannot drift apart; the learner's functions must not call it (tripwired).
+The counts are judged against labsim's closed forms (``labsim.roofline``, ``labsim.workload``)
+and the grader's own count of the matrix products a step runs (``counted_flops``, read off the
+dispatcher); the learner's functions must not call them (tripwired).  Every measurement is
+judged on a *virtual* device (``labsim.lab.AsyncQueue(virtual=True)``): the check hands the
+learner's function a timer whose samples the check chose -- a slow first call, samples a few
+per cent apart and one four times too slow, as on a busy machine -- so the right answer is the
+one derived from those samples, whatever else the machine is doing.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 from labsim.checks._core import Case, Outcome, Spec, close, raises
@@ -15,98 +26,19 @@ from labsim.roofline import matmul_flops as _mm_flops
 
 FORBID = ("labsim.roofline:*",)
 
-
-def _rooflines() -> dict[str, Roofline]:
-    return {"cpu": Roofline("a 2-core CPU", 100e9, 20e9),
-            "h100": Roofline.of("H100-SXM", "bf16"), "a100": Roofline.of("A100-80GB", "bf16")}
+# -- a matmul's FLOPs and bytes ------------------------------------------------------------
 
 
-def _matmul_flops_cases() -> list[Case]:
-    shapes = [(1, 1, 1), (2, 3, 4), (4, 3, 2), (1, 4096, 4096), (4096, 4096, 4096),
-              (0, 7, 9), (8192, 1, 1024)]
-    return [Case(f"m, n, k = {s}", s, expected=_mm_flops(*s)) for s in shapes]
-
-
-matmul_flops = Spec("matmul_flops", _matmul_flops_cases, compare=close(rtol=0), forbid=FORBID)
-"""``fn(m, n, k)`` = FLOPs of (m x k) @ (k x n): 2mnk."""
-
-
-def _matmul_bytes_cases() -> list[Case]:
-    shapes = [(1, 1, 1, 4), (2, 3, 4, 4), (2, 3, 4, 2), (4096, 4096, 4096, 2),
+def _matmul_cost_cases() -> list[Case]:
+    shapes = [(1, 1, 1, 4), (2, 3, 4, 4), (4, 3, 2, 2), (4096, 4096, 4096, 2),
               (1, 4096, 4096, 4), (8192, 1, 1024, 1), (0, 5, 5, 4)]
-    return [Case(f"m, n, k, dtype_bytes = {s}", s, expected=_matmul_bytes(*s)) for s in shapes]
+    return [Case(f"m, n, k, dtype_bytes = {s}", s,
+                 expected=(_mm_flops(*s[:3]), _matmul_bytes(*s))) for s in shapes]
 
 
-matmul_bytes = Spec("matmul_bytes", _matmul_bytes_cases, compare=close(rtol=0), forbid=FORBID)
-"""``fn(m, n, k, dtype_bytes)`` = bytes to read A and B and write C once."""
-
-
-def _roofline_time_cases() -> list[Case]:
-    r = _rooflines()
-    work = [
-        ("compute-bound matmul on an H100", _mm_flops(8192, 8192, 8192),
-         _matmul_bytes(8192, 8192, 8192, 2), r["h100"]),
-        ("memory-bound fp32 add on an H100", 1e8, 12e8, r["h100"]),
-        ("matrix-vector on an A100", _mm_flops(1, 4096, 4096),
-         _matmul_bytes(1, 4096, 4096, 2), r["a100"]),
-        ("exactly at the ridge point", 100e9, 20e9, r["cpu"]),
-        ("no FLOPs at all (a copy)", 0.0, 4e9, r["cpu"]),
-        ("no bytes (all in registers)", 1e12, 0.0, r["cpu"]),
-    ]
-    return [Case(name, (f, b, roof.peak_flops, roof.bandwidth_Bps), expected=roof.op_time(f, b))
-            for name, f, b, roof in work]
-
-
-roofline_time = Spec("roofline_time", _roofline_time_cases, compare=close(rtol=1e-9), forbid=FORBID)
-"""``fn(flops, nbytes, peak_flops, bandwidth_Bps)`` = max(flops/peak, nbytes/bandwidth)."""
-
-
-def _attainable_flops_cases() -> list[Case]:
-    r = _rooflines()
-    h100, a100, cpu = r["h100"], r["a100"], r["cpu"]
-    return [
-        Case(f"I = {i} FLOP/byte on {roof.name}", (i, roof.peak_flops, roof.bandwidth_Bps),
-             expected=roof.attainable_flops(i))
-        for i, roof in [(0.0, h100), (1 / 12, h100), (h100.ridge_point, h100), (1e4, h100),
-                        (50.0, a100), (1.0, cpu), (5.0, cpu)]
-    ]
-
-
-attainable_flops = Spec("attainable_flops", _attainable_flops_cases, compare=close(rtol=1e-9),
-                        forbid=FORBID)
-"""``fn(intensity, peak_flops, bandwidth_Bps)`` = min(peak, intensity * bandwidth)."""
-
-
-def _mfu_cases() -> list[Case]:
-    good = [
-        ("Megatron 1T on A100: 122 TFLOP/s of model FLOPs", 163e12 * 72 / 96, 1.0, 312e12),
-        ("PaLM-like step: 46 % ", 0.462 * 275e12 * 2.5, 2.5, 275e12),
-        ("an idle step", 0.0, 1.0, 312e12),
-        ("tiny CPU step", 3e9, 0.05, 100e9),
-    ]
-    cases = [Case(n, (f, t, p), expected=f / t / p) for n, f, t, p in good]
-    return cases + [
-        Case("zero step time raises ValueError", (1e9, 0.0, 1e12), compare=raises(ValueError)),
-        Case("negative peak raises ValueError", (1e9, 1.0, -1.0), compare=raises(ValueError)),
-    ]
-
-
-mfu = Spec("mfu", _mfu_cases, compare=close(rtol=1e-9), forbid=FORBID)
-"""``fn(model_flops, step_time_s, peak_flops)`` = achieved model FLOP/s over peak; a
-non-positive time or peak must raise ValueError."""
-
-
-def _mlp_step_flops_cases() -> list[Case]:
-    specs = [([4, 3], 1), ([4, 3], 10), ([512, 2048, 512], 64), ([10, 10, 10, 10], 7),
-             ([784, 256, 10], 128), ([1, 1], 1)]
-    return [Case(f"sizes={s}, batch={b}", (s, b),
-                 expected=6 * b * sum(i * o for i, o in zip(s[:-1], s[1:])))
-            for s, b in specs]
-
-
-mlp_step_flops = Spec("mlp_step_flops", _mlp_step_flops_cases, compare=close(rtol=0), forbid=FORBID)
-"""``fn(sizes, batch)`` = model FLOPs of one training step of an MLP with layer widths
-``sizes`` (Linear(sizes[i], sizes[i+1]) for each i): 3 x forward = 6 * batch * sum(in*out)."""
+matmul_cost = Spec("matmul_cost", _matmul_cost_cases, compare=close(rtol=0), forbid=FORBID)
+"""``fn(m, n, k, dtype_bytes) -> (flops, nbytes)`` of (m x k) @ (k x n): 2mnk FLOPs, and the
+bytes to read A and B and write C once."""
 
 
 # -- the benchmark timer: warm-up, synchronisation, repeats -------------------------------
@@ -190,36 +122,289 @@ with a virtual clock (a simulated asynchronous device whose first call is slow),
 verdict is exact whatever else the machine is doing."""
 
 
-# -- MFU and HFU of a GPT training step, from counted FLOPs --------------------------------
+# -- the virtual device the measuring checks hand the learner --------------------------------
 
-UTILISATION_FORBID = ("labsim.workload:Transformer.flops_per_token",
-                      "labsim.workload:Transformer.flops_forward_per_token",
-                      "labsim.workload:Transformer.training_flops",
-                      "labsim.checks.roofline:executed_step_flops")
+# The samples of one timed op, as multiples of its median: five consecutive calls always hold
+# these five factors (in some order), so the median is SAMPLE_FACTORS' median whatever calls
+# came before; the minimum, the mean and the first, middle or last sample are not.  The first
+# call of an op takes FIRST_CALL times as long (a warm-up's one-time work).
+SAMPLE_FACTORS = (1.03, 1.0, 4.0, 0.97, 0.99)
+FIRST_CALL = 3.0
+TIMER_WARMUP, TIMER_REPEAT = 1, len(SAMPLE_FACTORS)
 
 
-def _gpt_case(config: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """The lab GPT of a case's plain-data ``config``, its batch and targets (seeded)."""
+class VirtualDevice:
+    """A simulated asynchronous device with its own clock (``AsyncQueue(virtual=True)``) whose
+    jobs take the times the check scheduled, and the timer the check hands the learner.
+
+    ``job(median_s)`` is a call that queues one run of a job whose samples have median
+    ``median_s``; ``timer(fn)`` is what a learner's ``timer`` argument does: one warm-up call,
+    then ``TIMER_REPEAT`` calls each timed between two synchronisations on the device's clock,
+    returned as a list of seconds.  ``timed[name]`` counts the calls of each job made inside
+    the timer."""
+
+    def __init__(self) -> None:
+        from labsim.lab.device import AsyncQueue
+
+        self.queue = AsyncQueue(virtual=True)
+        self.timed: dict[str, int] = {}
+        self._in_timer = False
+
+    def job(self, name: str, median_s: float) -> Callable[[], None]:
+        calls = [0]
+        scale = median_s / statistics.median(SAMPLE_FACTORS)
+        self.timed.setdefault(name, 0)
+
+        def run() -> None:
+            i = calls[0]
+            calls[0] += 1
+            factor = FIRST_CALL if i == 0 else SAMPLE_FACTORS[(i - 1) % len(SAMPLE_FACTORS)]
+            self.queue.launch(scale * factor)
+            if self._in_timer:
+                self.timed[name] += 1
+
+        return run
+
+    def timer(self, fn: Callable[[], Any]) -> list[float]:
+        """Seconds of ``TIMER_REPEAT`` synchronised calls of ``fn()`` after ``TIMER_WARMUP``."""
+        self._in_timer = True
+        try:
+            for _ in range(TIMER_WARMUP):
+                fn()
+            times = []
+            for _ in range(TIMER_REPEAT):
+                self.queue.synchronize()
+                start = self.queue.clock()
+                fn()
+                self.queue.synchronize()
+                times.append(self.queue.clock() - start)
+            return times
+        finally:
+            self._in_timer = False
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+# -- this machine's roofline, measured, and ops placed on it --------------------------------
+
+ON_ROOF, IN_CACHE = 0.5, 2.0
+
+
+def place_measured(roof: dict, slope: dict, ops: list[dict], on_roof: float = ON_ROOF,
+                   in_cache: float = IN_CACHE) -> dict[str, Any]:
+    """The reference placement from measured median times: each of ``roof``, ``slope`` and
+    ``ops`` is ``{"name", "flops", "nbytes", "seconds"}`` with ``seconds`` the median of its
+    samples.  Peak FLOP/s = the roof op's FLOPs over its time; bandwidth = the slope op's bytes
+    over its time.  Per op: the roofline's time ``max(flops / peak, nbytes / bandwidth)``, the
+    fraction of it the op reached (roofline time / measured time), the bound the roofline
+    predicts (``"compute"`` when ``flops / peak >= nbytes / bandwidth``, as
+    ``Roofline.bound``) and the one the measurement shows: ``"below"`` under ``on_roof`` of the
+    roofline (neither roof explains the time), ``"cache"`` over ``in_cache`` times the memory
+    slope (faster than the measured memory can move its bytes), else the roofline's."""
+    peak = roof["flops"] / roof["seconds"]
+    bandwidth = slope["nbytes"] / slope["seconds"]
+    placed = {}
+    for op in ops:
+        t = op["seconds"]
+        bound = "compute" if op["flops"] / peak >= op["nbytes"] / bandwidth else "memory"
+        fraction = max(op["flops"] / peak, op["nbytes"] / bandwidth) / t
+        measured = ("below" if fraction < on_roof
+                    else "cache" if bound == "memory" and fraction > in_cache else bound)
+        placed[op["name"]] = {"time_s": t, "intensity": op["flops"] / op["nbytes"],
+                              "achieved_flops": op["flops"] / t, "fraction": fraction,
+                              "roofline": bound, "measured": measured}
+    return {"peak_flops": peak, "bandwidth_Bps": bandwidth, "ops": placed}
+
+
+def _work(name: str, flops: float, nbytes: float) -> dict[str, Any]:
+    return {"name": name, "flops": flops, "nbytes": nbytes}
+
+
+def _matmul(name: str, m: int, n: int, k: int, dtype_bytes: int) -> dict[str, Any]:
+    return _work(name, _mm_flops(m, n, k), _matmul_bytes(m, n, k, dtype_bytes))
+
+
+def _add(name: str, numel: int, dtype_bytes: int) -> dict[str, Any]:
+    return _work(name, numel, 3 * numel * dtype_bytes)
+
+
+def _copy(name: str, numel: int, dtype_bytes: int) -> dict[str, Any]:
+    return _work(name, 0, 2 * numel * dtype_bytes)
+
+
+def _timed_at(work: dict[str, Any], fraction: float, machine: Roofline) -> dict[str, Any]:
+    """``work`` with the median time at which it reaches ``fraction`` of ``machine``'s
+    roofline."""
+    best = max(work["flops"] / machine.peak_flops, work["nbytes"] / machine.bandwidth_Bps)
+    return {**work, "seconds": best / fraction}
+
+
+def _placement_case(name: str, machine: Roofline, roof: dict, slope: dict,
+                    ops: list[tuple[dict, float]], **kwargs: float) -> Case:
+    roof = {**roof, "seconds": roof["flops"] / machine.peak_flops}
+    slope = {**slope, "seconds": slope["nbytes"] / machine.bandwidth_Bps}
+    timed = [_timed_at(work, fraction, machine) for work, fraction in ops]
+    return Case(name, (roof, slope, timed), dict(kwargs),
+                expected=place_measured(roof, slope, timed, **kwargs))
+
+
+def _place_cases() -> list[Case]:
+    cpu = Roofline("a 2-core CPU", 100e9, 20e9)  # ridge 5 FLOP/byte
+    slow = Roofline("a slow CPU", 5e9, 2e9)  # ridge 2.5 FLOP/byte
+    h100 = Roofline.of("H100-SXM", "bf16")
+    cpu_roof, cpu_slope = _matmul("matmul 1024", 1024, 1024, 1024, 4), _copy("copy 2^25", 2**25, 4)
+    mm1024, mm16 = _matmul("matmul 1024", 1024, 1024, 1024, 4), _matmul("matmul 16", 16, 16, 16, 4)
+    matvec = _matmul("matrix-vector 4096", 1, 4096, 4096, 4)
+    add_big, add_small = _add("add 2^24", 2**24, 4), _add("add 2^14", 2**14, 4)
+    return [
+        _placement_case("a CPU (100 GFLOP/s, 20 GB/s): on the roof, on the slope, in cache, "
+                        "below both", cpu, cpu_roof, cpu_slope,
+                        [(mm1024, 0.8), (matvec, 0.7), (add_big, 0.9), (add_small, 3.0),
+                         (mm16, 0.05)]),
+        _placement_case("the same ops measured at other speeds: the measurement decides",
+                        cpu, cpu_roof, cpu_slope,
+                        [(mm1024, 0.3), (matvec, 2.5), (add_big, 1.2), (add_small, 0.4),
+                         (mm16, 0.6)]),
+        _placement_case("an H100 in bf16 (989 TFLOP/s, 3.35 TB/s)", h100,
+                        _matmul("matmul 8192", 8192, 8192, 8192, 2), _copy("copy 2^30", 2**30, 2),
+                        [(_matmul("matmul 8192", 8192, 8192, 8192, 2), 0.7),
+                         (_matmul("matmul 4096 x 4096 x 128", 4096, 4096, 128, 2), 0.75),
+                         (_matmul("decode: 1 x 12288 x 12288", 1, 12288, 12288, 2), 0.85),
+                         (_add("add 2^26", 2**26, 2), 0.6), (_matmul("matmul 64", 64, 64, 64, 2),
+                                                              0.01)]),
+        _placement_case("thresholds on_roof=0.3, in_cache=3.0", cpu, cpu_roof, cpu_slope,
+                        [(mm1024, 0.35), (add_big, 2.5), (add_small, 3.2), (matvec, 0.25)],
+                        on_roof=0.3, in_cache=3.0),
+        _placement_case("near the thresholds; a copy; an op above the measured roof", cpu,
+                        cpu_roof, cpu_slope,
+                        [(_add("add 2^20 at 49 %", 2**20, 4), 0.49),
+                         (_add("add 2^20 at 51 %", 2**20, 4), 0.51),
+                         (_add("add 2^18 at 199 %", 2**18, 4), 1.99),
+                         (_add("add 2^18 at 201 %", 2**18, 4), 2.01),
+                         (_copy("copy 2^22", 2**22, 4), 0.95), (mm1024, 1.2)]),
+        _placement_case("a slow CPU (5 GFLOP/s, 2 GB/s): matmul 16 is compute-bound there",
+                        slow, _matmul("matmul 512", 512, 512, 512, 4), cpu_slope,
+                        [(mm16, 0.9), (matvec, 0.8), (add_big, 0.55)]),
+    ]
+
+
+def _every_op_timed(case: Case, out: Outcome) -> str | None:
+    timed = out.observed.get("timed", {})
+    missed = [name for name, calls in timed.items() if calls == 0]
+    if missed:
+        return (f"{missed[0]} was never run through `timer`: place every op, the roof and "
+                "the slope from the times `timer` measures")
+    return None
+
+
+def _drive_place(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+    from labsim.experiments.roofline import Op
+
+    outcomes = []
+    for case in cases:
+        roof, slope, timed = case.args
+        device = VirtualDevice()
+
+        def op(work: dict, role: str, device: VirtualDevice = device) -> Op:
+            run = device.job(f"{role} `{work['name']}`", work["seconds"])
+            return Op(work["name"], run, work["flops"], work["nbytes"])
+
+        args = (op(roof, "the roof op"), op(slope, "the slope op"),
+                [op(w, "op") for w in timed])
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                value = fns[0](args[2], args[0], args[1], device.timer, **dict(case.kwargs))
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                error: BaseException | None = exc
+            else:
+                error = None
+        device.close()
+        observed = {**seen.summary(), "timed": dict(device.timed)}
+        outcomes.append(Outcome.of_error(error, observed) if error is not None
+                        else plain_outcome(value, observed))
+    return outcomes
+
+
+place_on_roofline = Spec("place_on_roofline", _place_cases, drive=_drive_place,
+                         compare=close(rtol=1e-6), rules=(_every_op_timed,),
+                         forbid=(*FORBID, "labsim.checks.roofline:place_measured"), ops=False)
+"""``fn(ops, roof, slope, timer, on_roof=0.5, in_cache=2.0) -> {"peak_flops", "bandwidth_Bps",
+"ops": {name: {"time_s", "intensity", "achieved_flops", "fraction", "roofline",
+"measured"}}}``: the roofline measured from the median times of ``roof`` (a large matmul:
+peak FLOP/s) and ``slope`` (a large copy: bytes/s), each op of ``ops`` placed on it from its
+median time (see ``place_measured``).  Judged on a virtual device whose samples the check
+chose, so only a placement derived from ``timer``'s samples passes."""
+
+
+# -- a training step's FLOPs, counted ------------------------------------------------------
+
+STEP_FORBID = ("labsim.workload:Transformer.flops_per_token",
+               "labsim.workload:Transformer.flops_forward_per_token",
+               "labsim.workload:Transformer.training_flops",
+               "labsim.checks.roofline:counted_flops", "labsim.checks.roofline:_counted")
+
+
+def _model(config: dict[str, Any]) -> tuple[Any, Callable[[], Any], int, int, Any]:
+    """The model of a case's plain-data ``config`` (seeded, without touching the caller's
+    random state): ``(model, loss_fn, n_params, tokens, optimizer or None)``.  ``loss_fn()``
+    runs the forward pass and returns the loss.  A ``"gpt"`` is the lab GPT (tokens = batch x
+    sequence); an ``"mlp"`` is Linear layers of widths ``sizes`` with GeLU between them, an
+    MSE loss, inputs that require a gradient only if ``input_grad``, the Linear layers listed
+    in ``frozen`` without gradients, and an SGD optimizer (tokens = batch)."""
     import torch
 
-    from labsim.lab.datasets import random_batch
-    from labsim.lab.models import GPT
-    from labsim.workload import Transformer
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if config["kind"] == "gpt":
+            from labsim.lab.datasets import random_batch
+            from labsim.lab.models import GPT
+            from labsim.workload import Transformer
 
-    cfg = Transformer(config["layers"], config["hidden"], config["heads"], config["seq_len"],
-                      config["vocab"], tied_embeddings=True)
-    torch.manual_seed(0)
-    model = GPT(cfg, recompute=config["recompute"])
-    idx, targets = random_batch(cfg, batch=config["batch"], seed=0)
-    return model, idx, targets
+            cfg = Transformer(config["layers"], config["hidden"], config["heads"],
+                              config["seq_len"], config["vocab"], tied_embeddings=True)
+            model = GPT(cfg, recompute=config["recompute"])
+            idx, targets = random_batch(cfg, batch=config["batch"], seed=0)
+
+            def loss_fn(model: Any = model, idx: Any = idx, targets: Any = targets) -> Any:
+                return model(idx, targets)[1]
+
+            tokens, optimizer = idx.numel(), None
+        else:
+            sizes, batch = config["sizes"], config["batch"]
+            layers: list[Any] = []
+            for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+                layers += [torch.nn.Linear(n_in, n_out), torch.nn.GELU()]
+                if i in config.get("frozen", ()):
+                    layers[-2].requires_grad_(False)
+            model = torch.nn.Sequential(*layers[:-1])
+            x = torch.randn(batch, sizes[0], requires_grad=config.get("input_grad", False))
+            y = torch.randn(batch, sizes[-1])
+
+            def loss_fn(model: Any = model, x: Any = x, y: Any = y) -> Any:
+                return torch.nn.functional.mse_loss(model(x), y)
+
+            tokens = batch
+            optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                        lr=1e-3)
+    n_params = sum(p.numel() for p in model.parameters())
+    return model, loss_fn, n_params, tokens, optimizer
 
 
-def executed_step_flops(config: dict[str, Any]) -> int:
-    """FLOPs one training step (forward, loss, backward) of the case's GPT really executes,
-    recomputation included: 2 x (output elements) x (inner dimension) of every matrix
-    product ATen runs (``mm``, ``addmm``, ``bmm``, ``baddbmm``), read off the dispatcher --
-    the grader's own count, independent of ``FlopCounterMode`` (the lab GPT's attention is
-    written out, so every FLOP it counts is one of these)."""
+def counted_flops(config: dict[str, Any]) -> tuple[int, int]:
+    """(forward, backward) FLOPs that one training step of the case's model really executes,
+    recomputation included in the backward: 2 x (output elements) x (inner dimension) of every
+    matrix product ATen runs (``mm``, ``addmm``, ``bmm``, ``baddbmm``), read off the
+    dispatcher -- the grader's own count, independent of ``FlopCounterMode`` (the lab GPT's
+    attention is written out, so every FLOP it counts is one of these)."""
+    return _counted(json.dumps(config, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _counted(key: str) -> tuple[int, int]:
+    """``counted_flops`` of the config whose JSON is ``key`` (each model counted once)."""
     import math
 
     import torch
@@ -239,35 +424,112 @@ def executed_step_flops(config: dict[str, Any]) -> int:
                 self.flops += 2 * math.prod(out.shape) * a.shape[-1]
             return out
 
-    model, idx, targets = _gpt_case(config)
-    with _Matmuls() as counter:
-        model(idx, targets)[1].backward()
-    return int(counter.flops)
+    _, loss_fn, _, _, _ = _model(json.loads(key))
+    with _Matmuls() as forward:
+        loss = loss_fn()
+    with _Matmuls() as backward:
+        loss.backward()
+    return int(forward.flops), int(backward.flops)
+
+
+def model_flops(config: dict[str, Any]) -> float:
+    """Model FLOPs of one training step from the closed forms (3 x the forward): the lab
+    GPT's ``Transformer.flops_per_token`` x tokens; an MLP's 6 x batch x sum(in x out)."""
+    if config["kind"] == "gpt":
+        from labsim.workload import Transformer
+
+        cfg = Transformer(config["layers"], config["hidden"], config["heads"],
+                          config["seq_len"], config["vocab"], tied_embeddings=True)
+        return cfg.flops_per_token * config["batch"] * config["seq_len"]
+    sizes = config["sizes"]
+    return 6 * config["batch"] * sum(i * o for i, o in zip(sizes[:-1], sizes[1:]))
+
+
+def _gpt(layers: int, hidden: int, heads: int, seq_len: int, vocab: int, batch: int,
+         recompute: bool) -> dict[str, Any]:
+    return {"kind": "gpt", "layers": layers, "hidden": hidden, "heads": heads,
+            "seq_len": seq_len, "vocab": vocab, "batch": batch, "recompute": recompute}
+
+
+def _mlp(sizes: list[int], batch: int, frozen: tuple[int, ...] = (),
+         input_grad: bool = False) -> dict[str, Any]:
+    return {"kind": "mlp", "sizes": sizes, "batch": batch, "frozen": list(frozen),
+            "input_grad": input_grad}
+
+
+def _describe(config: dict[str, Any]) -> str:
+    if config["kind"] == "gpt":
+        return (f"GPT l={config['layers']} h={config['hidden']} s={config['seq_len']} "
+                f"V={config['vocab']} b={config['batch']}, "
+                f"{'full recompute' if config['recompute'] else 'no recompute'}")
+    extra = (f", Linear {config['frozen']} frozen" if config["frozen"] else "") + (
+        ", input requires grad" if config["input_grad"] else "")
+    return f"MLP {config['sizes']} b={config['batch']}{extra}"
+
+
+STEP_MODELS = [_gpt(2, 64, 2, 32, 256, 2, False), _gpt(2, 64, 2, 32, 256, 2, True),
+               _gpt(1, 96, 3, 64, 300, 1, True), _mlp([64, 256, 256, 32], 16),
+               _mlp([48, 128, 128, 16], 8, frozen=(0,)), _mlp([32, 96, 8], 4, input_grad=True)]
+
+
+def _count_step_cases() -> list[Case]:
+    cases = []
+    for config in STEP_MODELS:
+        _, _, n_params, tokens, _ = _model(config)
+        forward, backward = counted_flops(config)
+        cases.append(Case(_describe(config), (config,), expected={
+            "forward": forward, "backward": backward, "backward_per_forward": backward / forward,
+            "flops_per_param_token": (forward + backward) / (n_params * tokens)}))
+    return cases
+
+
+def _drive_count_step(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
+    from labsim.checks._core import plain_outcome
+    from labsim.checks._observe import watch
+
+    outcomes = []
+    for case in cases:
+        _, loss_fn, n_params, tokens, _ = _model(case.args[0])
+        with watch(spec.forbid, ops=False) as seen:
+            try:
+                value = fns[0](loss_fn, n_params, tokens)
+            except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
+                outcomes.append(Outcome.of_error(exc, seen.summary()))
+                continue
+        outcomes.append(plain_outcome(value, seen.summary()))
+    return outcomes
+
+
+count_step = Spec("count_step", _count_step_cases, drive=_drive_count_step,
+                  compare=close(rtol=1e-9), forbid=STEP_FORBID, ops=False)
+"""``fn(loss_fn, n_params, tokens) -> {"forward", "backward", "backward_per_forward",
+"flops_per_param_token"}``: the FLOPs ``FlopCounterMode`` counts in ``loss_fn()`` (the
+forward) and in the backward of the loss it returns (recomputation included), their ratio,
+and (forward + backward) / (n_params x tokens).  Judged against the grader's own count on
+GPTs and MLPs the learner has not seen: with recomputation, a frozen layer, an input that
+needs no gradient."""
+
+
+# -- MFU and HFU of a measured step ----------------------------------------------------------
+
+UTILISATION_FORBID = (*STEP_FORBID, "labsim.checks.roofline:model_flops")
 
 
 def _utilisation_cases() -> list[Case]:
-    from labsim.workload import Transformer
-
-    # (layers, hidden, heads, seq_len, vocab, batch, recompute, step time s, peak FLOP/s)
-    specs = [(2, 64, 2, 32, 256, 2, False, 0.01, 100e9),
-             (2, 64, 2, 32, 256, 2, True, 0.01, 100e9),
-             (1, 128, 4, 128, 512, 1, True, 0.25, 312e12),
-             (1, 96, 3, 64, 300, 1, False, 2e-3, 989.4e12),
-             (3, 32, 2, 16, 128, 3, True, 1e-3, 19.5e12)]
+    # (model, median step time in s, peak FLOP/s)
+    specs = [(_gpt(2, 64, 2, 32, 256, 2, False), 0.01, 100e9),
+             (_gpt(2, 64, 2, 32, 256, 2, True), 0.01, 100e9),
+             (_gpt(1, 128, 4, 128, 512, 1, True), 0.25, 312e12),
+             (_gpt(3, 32, 2, 16, 128, 3, False), 1e-3, 19.5e12),
+             (_mlp([64, 256, 256, 32], 16), 2e-3, 50e9)]
     cases = []
-    for layers, hidden, heads, seq, vocab, batch, recompute, t, peak in specs:
-        config = {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq,
-                  "vocab": vocab, "batch": batch, "recompute": recompute}
-        cfg = Transformer(layers, hidden, heads, seq, vocab, tied_embeddings=True)
-        model_flops = cfg.flops_per_token * batch * seq
-        name = (f"GPT l={layers} h={hidden} s={seq} V={vocab} b={batch}, "
-                f"{'full recompute' if recompute else 'no recompute'}, "
-                f"{t * 1e3:g} ms, peak {peak / 1e12:g} TFLOP/s")
-        cases.append(Case(name, (config, t, peak), expected={
-            "mfu": model_flops / t / peak, "hfu": executed_step_flops(config) / t / peak}))
-    config = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "vocab": 64, "batch": 1,
-              "recompute": False}
-    cases.append(Case("a zero step time raises ValueError", (config, 0.0, 1e12),
+    for config, step_s, peak in specs:
+        forward, backward = counted_flops(config)
+        name = f"{_describe(config)}, step {step_s * 1e3:g} ms, peak {peak / 1e12:g} TFLOP/s"
+        cases.append(Case(name, (config, step_s, peak), expected={
+            "step_s": step_s, "mfu": model_flops(config) / step_s / peak,
+            "hfu": (forward + backward) / step_s / peak}))
+    cases.append(Case("a peak of 0 FLOP/s raises ValueError", (_mlp([8, 8], 2), 1e-3, 0.0),
                       compare=raises(ValueError)))
     return cases
 
@@ -278,32 +540,39 @@ def _drive_utilisation(fns: Any, cases: Any, spec: Spec) -> list[Outcome]:
 
     outcomes = []
     for case in cases:
-        config, t, peak = case.args
-        model, idx, targets = _gpt_case(config)
+        config, step_s, peak = case.args
+        model, loss_fn, _, _, optimizer = _model(config)
+        device = VirtualDevice()
+        tick = device.job("step", step_s)
 
-        def forward(model: Any = model, idx: Any = idx, targets: Any = targets) -> Any:
-            return model(idx, targets)[1]
-
-        def step(model: Any = model, idx: Any = idx, targets: Any = targets) -> None:
+        def step(model: Any = model, loss_fn: Any = loss_fn, optimizer: Any = optimizer,
+                 tick: Callable[[], None] = tick) -> None:
             model.zero_grad(set_to_none=True)
-            model(idx, targets)[1].backward()
+            loss_fn().backward()
+            if optimizer is not None:
+                optimizer.step()
+            tick()
 
         with watch(spec.forbid, ops=False) as seen:
             try:
-                value = fns[0](forward, step, t, peak)
+                value = fns[0](loss_fn, step, device.timer, peak)
             except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
-                outcomes.append(Outcome.of_error(exc, seen.summary()))
-                continue
-        outcomes.append(plain_outcome(value, seen.summary()))
+                error: BaseException | None = exc
+            else:
+                error = None
+        device.close()
+        outcomes.append(Outcome.of_error(error, seen.summary()) if error is not None
+                        else plain_outcome(value, seen.summary()))
     return outcomes
 
 
 utilisation = Spec("utilisation", _utilisation_cases, drive=_drive_utilisation,
                    compare=close(rtol=1e-9), forbid=UTILISATION_FORBID, ops=False)
-"""``fn(forward, step, step_time_s, peak_flops) -> {"mfu": ..., "hfu": ...}``: ``forward()``
-runs the model's forward pass and returns the loss, ``step()`` runs a whole training step
-(forward, backward; recomputation if the model checkpoints its blocks).  Model FLOPs are 3 x
-the forward's counted FLOPs (the backward is twice the forward); hardware FLOPs are the
-step's counted FLOPs; each over ``step_time_s`` over ``peak_flops``.  A non-positive time or
-peak raises ValueError.  Judged against labsim's closed form (``Transformer.flops_per_token``)
-and the grader's own count of the same step, on GPTs the learner has not seen."""
+"""``fn(loss_fn, step, timer, peak_flops) -> {"step_s", "mfu", "hfu"}``: ``loss_fn()`` runs the
+forward pass and returns the loss, ``step()`` a whole training step (forward, backward with
+any recomputation, optimizer), ``timer(fn)`` a list of measured seconds of ``fn()``.  The
+step time is the median of ``timer(step)``; model FLOPs are 3 x the FLOPs counted in the
+forward, hardware FLOPs those counted in ``step()``; each per second of step time over
+``peak_flops``; a peak that is not positive raises ValueError.  Judged on a virtual device
+(the step's samples chosen by the check) against labsim's closed forms and the grader's own
+count, on models the learner has not seen."""
