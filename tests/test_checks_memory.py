@@ -205,6 +205,22 @@ def test_frozen_and_released_gradients_leave_no_bytes() -> None:
 
 # -- layer_activation_bytes -------------------------------------------------------------------
 
+def _tensor_by_tensor(s, b, h, a, d=2, m=1):  # noqa: ANN001, ANN202
+    """Honest: the layer's kept tensors listed one by one, as the lab asks."""
+    sbh, ass = s * b * h, a * s * s * b
+    values = {"ln1 input": sbh, "QKV input": sbh, "Q, K, V": 3 * sbh, "projection input": sbh,
+              "ln2 input": sbh, "MLP input": sbh, "4h matmul output": 4 * sbh,
+              "GeLU output": 4 * sbh}
+    scores = {"softmax output": ass} if m == 0 else {"softmax output": ass,
+                                                      "dropout output": ass}
+    masks = {} if m == 0 else {"softmax mask": ass, "projection mask": sbh, "MLP mask": sbh}
+    return d * (sum(values.values()) + sum(scores.values())) + m * sum(masks.values())
+
+
+def test_a_tensor_by_tensor_count_passes(capsys: pytest.CaptureFixture) -> None:
+    _passes("layer_activation_bytes", _tensor_by_tensor, capsys)
+
+
 def _activation_library(s, b, h, a, d=2, m=1):  # noqa: ANN001, ANN202
     import labsim
 
