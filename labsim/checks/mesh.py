@@ -17,7 +17,7 @@ Besides the values, the rules read what the parameters *are* on every rank after
 
 - the mesh: every sharded parameter lives on the ``(dp, tp)`` mesh named ``("dp", "tp")``
   with ranks ``[[0 .. tp - 1], [tp .. 2 tp - 1], ...]`` (tensor-parallel groups of
-  consecutive ranks, as torchtitan and Megatron-LM order them), or on one of its 1-D
+  consecutive ranks, as PyTorch's 2-D example and Megatron-LM order them), or on one of its 1-D
   sub-meshes;
 - tensor parallelism (when tp > 1): each block's Q, K, V and up projections are sharded over
   "tp" by output features (``Shard(0)``, weight and bias), its output and down projections by
@@ -180,14 +180,6 @@ def describe(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _all_ok(ok: bool) -> bool:
-    """Whether every rank's learner call returned (so no rank waits in a collective for a
-    rank that has given up)."""
-    flag = torch.tensor([1 if ok else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 @contextlib.contextmanager
 def _unwatched() -> Iterator[None]:
     yield None
@@ -209,40 +201,28 @@ def _shape_run(rank: int, parallelize: Callable[..., Any], train_step: Callable[
     tokens, targets = global_batch(CFG, ROWS)
     model = MeshGPT(CFG).double()
     references: set[str] = set()
-    error: Outcome | None = None
+    # A learner's call that raises ends this rank, and the launch with it: its peers may be
+    # waiting in a collective that this rank will never join, so no flag can reach them.
     with watch(forbid, ops=False) as seen:
-        try:
-            mesh = parallelize(model, dp, tp)
-        except Exception as exc:  # noqa: BLE001 - a learner's bug is a failed case
-            error = Outcome.of_error(exc)
+        mesh = parallelize(model, dp, tp)
     references.update(seen.summary()["references"])
     losses: list[float | None] = []
     flops = 0
-    if _all_ok(error is None):
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
-        for step in range(STEPS):
-            # the tripwire's profile hook triples the cost of DTensor's Python: it watches the
-            # last step, the first one (DTensor's and FSDP's one-time set-up) runs unwatched
-            tripwire = watch(forbid, ops=False) if step == STEPS - 1 else _unwatched()
-            with tripwire as seen, CommRecorder() as rec:
-                try:
-                    losses.append(_loss(train_step(model, mesh, opt, tokens, targets)))
-                except Exception as exc:  # noqa: BLE001
-                    error = Outcome.of_error(exc)
-            if seen is not None:
-                references.update(seen.summary()["references"])
-            flops = rec.flops  # the last step's (the first also counts DTensor's set-up)
-            if not _all_ok(error is None):
-                break
-    out: dict[str, Any] = {"error": error, "references": sorted(references)}
-    if error is None and len(losses) == STEPS and _all_ok(True):
-        out.update(losses=losses, params=describe(model), flops=flops)
-        full = full_parameters(model)
-        if rank == 0:
-            out["full"] = full
-    elif error is None:
-        out["error"] = Outcome(None, "RuntimeError", ("RuntimeError",),
-                               "another rank's call raised; this rank stopped with it")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        # the tripwire's profile hook triples the cost of DTensor's Python: it watches the
+        # last step, the first one (DTensor's and FSDP's one-time set-up) runs unwatched
+        tripwire = watch(forbid, ops=False) if step == STEPS - 1 else _unwatched()
+        with tripwire as seen, CommRecorder() as rec:
+            losses.append(_loss(train_step(model, mesh, opt, tokens, targets)))
+        if seen is not None:
+            references.update(seen.summary()["references"])
+        flops = rec.flops  # the last step's (the first also counts DTensor's set-up)
+    out: dict[str, Any] = {"references": sorted(references),
+                           "losses": losses, "params": describe(model), "flops": flops}
+    full = full_parameters(model)
+    if rank == 0:
+        out["full"] = full
     dist.barrier()
     return out
 
@@ -250,16 +230,9 @@ def _shape_run(rank: int, parallelize: Callable[..., Any], train_step: Callable[
 def mesh_worker(rank: int, world: int, parallelize: Callable[..., Any],
                 train_step: Callable[..., Any], shapes: Sequence[tuple[int, int]],
                 forbid: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Every mesh shape of ``shapes`` on this rank (``_shape_run``); a shape whose first call
-    raised NotImplementedError on this rank ends the run (the exercise is not done)."""
-    out = []
-    for dp, tp in shapes:
-        run = _shape_run(rank, parallelize, train_step, dp, tp, forbid)
-        out.append(run)
-        error = run["error"]
-        if error is not None and error.error == "NotImplementedError":
-            break
-    return out
+    """Every mesh shape of ``shapes`` on this rank (``_shape_run``); a learner's call that
+    raises ends the run on every rank (the launcher stops the others)."""
+    return [_shape_run(rank, parallelize, train_step, dp, tp, forbid) for dp, tp in shapes]
 
 
 # -- the driver and the rules ------------------------------------------------------------------
@@ -297,27 +270,30 @@ def _driver(shapes: Sequence[tuple[int, int]]) -> Callable[..., list[Outcome]]:
             ranks = launch(mesh_worker, NPROCS,
                            args=(fns[0], fns[1], list(shapes), spec.forbid),
                            timeout_s=180.0, progress=spec.title).values
-        except (LaunchTimeout, WorkerError) as exc:
+        except WorkerError as exc:
+            return [_learner_error(exc)] * len(cases)
+        except LaunchTimeout as exc:
             return [Outcome.of_error(exc)] * len(cases)
         references = sorted({ref for r in ranks for run in r for ref in run["references"]})
         runs = [{"dp": dp, "tp": tp, "ranks": [{"params": r[i]["params"],
                                                  "flops": r[i]["flops"]} for r in ranks]}
-                for i, (dp, tp) in enumerate(shapes)
-                if all(len(r) > i and r[i]["error"] is None for r in ranks)]
+                for i, (dp, tp) in enumerate(shapes)]
         observed = {"runs": runs, "references": references}
-        outcomes = []
-        for case in cases:
-            i = int(case.args[0])
-            per_rank = [r[i] if len(r) > i else r[-1] for r in ranks]
-            bad = next((run["error"] for run in per_rank if run["error"] is not None), None)
-            if bad is not None:
-                outcomes.append(Outcome(None, bad.error, bad.error_types, bad.message,
-                                        observed))
-            else:
-                outcomes.append(plain_outcome(_value(*shapes[i], case.args[1:], per_rank),
-                                              observed))
-        return outcomes
+        return [plain_outcome(_value(*shapes[int(case.args[0])], case.args[1:],
+                                     [r[int(case.args[0])] for r in ranks]), observed)
+                for case in cases]
     return drive
+
+
+def _learner_error(exc: Any) -> Outcome:
+    """The error a rank's learner call raised first, named as raised there (``exc`` is the
+    launcher's ``WorkerError``): its type and its message, from the last line of the
+    rank's traceback."""
+    lines = exc.remote_traceback.strip().splitlines()
+    last = next((ln for ln in reversed(lines)
+                 if ln.partition(":")[0].split(".")[-1] == exc.exc_type), "")
+    message = last.partition(": ")[2] or f"(rank {exc.rank}'s traceback has no message)"
+    return Outcome(None, exc.exc_type, (exc.exc_type,), f"{message} (on rank {exc.rank})")
 
 
 def _grid(dp: int, tp: int) -> list[list[int]]:

@@ -1,6 +1,7 @@
 """Two parallel axes at once: FSDP2 over "dp" and tensor parallelism over "tp" on one 2-D
-device mesh, the layout torchtitan composes (Liang et al. 2024, "TorchTitan", section 2.1:
-FSDP2 on the data-parallel dimension, Megatron-style tensor parallelism inside it).
+device mesh, as torchtitan composes them (Liang et al. 2024, "TorchTitan", arXiv:2410.06511:
+FSDP2 on the data-parallel dimension, Megatron-style tensor parallelism inside it) and as
+pytorch/examples' ``distributed/tensor_parallelism/fsdp_tp_example.py`` lays them out.
 
 The world's ``dp * tp`` ranks form a ``(dp, tp)`` grid, ``tp`` the inner dimension: ranks
 ``0 .. tp - 1`` are the first tensor-parallel group (on a GPU cluster: GPUs of one node, on
