@@ -1,8 +1,8 @@
-"""Utilisation timeline and sweep figures (labsim.plots.loading)."""
+"""Utilisation timeline, sweep and profiled-loop figures (labsim.plots.loading)."""
 
 import pytest
 
-from labsim.plots.loading import busy_curve, sweep_figure, utilisation_timeline
+from labsim.plots.loading import busy_curve, loop_timeline, sweep_figure, utilisation_timeline
 from labsim.sim.loading import simulate_dataloader
 from labsim.trace import Trace
 
@@ -32,3 +32,23 @@ def test_sweep_figure():
     fig = sweep_figure([0, 1, 2], {"a": [0.1, 0.5, 1.0], "b": [0.2, 0.4, 0.6]},
                        xlabel="workers", ylabel="busy", percent=True)
     assert len(fig.axes[0].lines) == 2
+
+
+def _run(shift):
+    trace = Trace()
+    trace.add(0, "main thread", "load", 0.0, 0.1 + shift)
+    trace.add(0, "main thread", "compute", 0.1 + shift, 0.15 + shift)
+    trace.add(0, "main thread", "idle", 0.15 + shift, 0.2 + shift)
+    trace.add(0, "torch operators", "compute", 0.11 + shift, 0.14 + shift)
+    return trace
+
+
+def test_one_panel_per_run_on_one_time_axis():
+    fig = loop_timeline({"a": _run(0.0), "b": _run(0.3)})
+    axes = fig.axes
+    assert [ax.get_title(loc="left") for ax in axes] == ["a", "b"]
+    assert axes[0].get_xlim() == axes[1].get_xlim() == pytest.approx((0, 500))
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["main thread",
+                                                                 "torch operators"]
+    with pytest.raises(ValueError, match="at least one"):
+        loop_timeline({})
