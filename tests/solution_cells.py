@@ -25,6 +25,13 @@ from labsim.checks.quantization.reference import Int8Linear
 from labsim.pipeline import Op
 """
 
+TRITON_PREAMBLE = """
+import os
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+import triton
+import triton.language as tl
+"""
+
 
 def exercise_sources(stem: str) -> list[str]:
     """The source of every exercise cell of ``solutions/<stem>.ipynb``, in order."""
@@ -41,6 +48,9 @@ def exercises(stem: str) -> dict[str, Any]:
     """The namespace the exercise cells of ``stem``'s solution define (see module doc)."""
     ns: dict[str, Any] = {"__name__": f"solution_{stem.replace('-', '_')}"}
     exec(compile(PREAMBLE, f"<solution {stem} preamble>", "exec"), ns)  # noqa: S102
-    for i, src in enumerate(exercise_sources(stem)):
+    sources = exercise_sources(stem)
+    if any("@triton.jit" in src for src in sources):  # the lab's setup cell imports Triton
+        exec(compile(TRITON_PREAMBLE, f"<solution {stem} triton>", "exec"), ns)  # noqa: S102
+    for i, src in enumerate(sources):
         exec(compile(src, f"<solution {stem} exercise {i}>", "exec"), ns)  # noqa: S102
     return ns
