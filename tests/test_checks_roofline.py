@@ -98,9 +98,9 @@ def _placer(*, time_of=None, measured_of=None, fraction_of=None, thresholds=True
     measured_of = measured_of or measured
     fraction_of = fraction_of or by_times
 
-    def place_on_roofline(ops, roof, slope, timer, on_roof=0.5, in_cache=2.0):  # noqa: ANN001, ANN202
+    def place_on_roofline(ops, roof, slope, timer, on_roof=0.5, in_cache=1.5):  # noqa: ANN001, ANN202
         if not thresholds:
-            on_roof, in_cache = 0.5, 2.0
+            on_roof, in_cache = 0.5, 1.5
         peak = roof.flops / time_of(roof, timer)
         bandwidth = slope.nbytes / time_of(slope, timer)
         placed = {}
@@ -166,7 +166,7 @@ def test_placement_shortcuts_fail(cheat, why: str) -> None:  # noqa: ANN001
 
 
 def test_a_placement_without_measuring_fails() -> None:
-    def predicted(ops, roof, slope, timer, on_roof=0.5, in_cache=2.0):  # noqa: ANN001, ANN202
+    def predicted(ops, roof, slope, timer, on_roof=0.5, in_cache=1.5):  # noqa: ANN001, ANN202
         peak, bandwidth = 100e9, 20e9  # a datasheet's numbers, no measurement
         out = {}
         for op in ops:
@@ -183,7 +183,7 @@ def test_a_placement_without_measuring_fails() -> None:
 def test_a_placement_by_labsims_roofline_fails() -> None:
     import labsim
 
-    def library(ops, roof, slope, timer, on_roof=0.5, in_cache=2.0):  # noqa: ANN001, ANN202
+    def library(ops, roof, slope, timer, on_roof=0.5, in_cache=1.5):  # noqa: ANN001, ANN202
         place = _placer()(ops, roof, slope, timer, on_roof, in_cache)
         line = labsim.Roofline("here", place["peak_flops"], place["bandwidth_Bps"])
         for op in ops:

@@ -3,8 +3,9 @@
 An ``Op`` is a call with its work counted: the FLOPs it performs and the bytes it must move at
 the least (Williams, Waterman & Patterson 2009, CACM 52(4): the roofline's two axes).  A lab
 builds its own ops (``matmul_op`` with the learner's FLOP and byte count, ``add_op``,
-``copy_op``), times them with the learner's timer and places them on the roofline the learner
-measured; ``placement_rows`` turns that placement into lines of a table.
+``copy_op``; ``in_cache_numel`` and ``main_memory_numel`` size them for a cache), times them
+with the learner's timer and places them on the roofline the learner measured;
+``placement_rows`` turns that placement into lines of a table.
 
 ``time_matmul_dtypes`` times one matmul in fp32, in fp32 with TF32 allowed and in bf16, in
 interleaved rounds on one thread (``labsim.lab.timing``), so ``labsim.lab.compare`` can say
@@ -78,6 +79,15 @@ def main_memory_numel(cache_bytes: int | None, unknown: int = 2**24) -> int:
         return unknown
     numel = 2 ** max(0, (2 * cache_bytes // 4 - 1).bit_length())
     return min(2**26, max(2**22, numel))
+
+
+def in_cache_numel(cache_bytes: int | None, unknown: int = 2**14) -> int:
+    """Elements of the fp32 vectors of an add whose three vectors (two inputs, one output) fill
+    at most 3/4 of a cache of ``cache_bytes`` (a core's L2): the largest such power of two, at
+    least 2^10; ``unknown`` where the cache size is not reported."""
+    if cache_bytes is None:
+        return unknown
+    return 2 ** max(10, (3 * cache_bytes // 4 // 12).bit_length() - 1)
 
 
 def placement_rows(placement: Mapping[str, Any]) -> list[str]:
