@@ -167,6 +167,19 @@ def _tag(item: Any) -> tuple[int, Any]:
     return (-1 if info is None else info.id), item
 
 
+def _shut_down(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers now and wait for its queues' feeder threads: a
+    feeder that is still ending when the case ends would read as a thread left running."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:  # no workers: nothing runs beside the loop
+        return
+    shutdown()
+    for queue in getattr(iterator, "_index_queues", []):
+        feeder = getattr(queue, "_thread", None)
+        if feeder is not None:
+            feeder.join(timeout=5.0)
+
+
 def stream_items(cls: Callable[[int], Any], n_items: int, num_workers: int,
                  epochs: int = 1) -> dict[str, Any]:
     """Everything ``epochs`` passes of a real ``DataLoader(cls(n_items), num_workers=...)``
@@ -188,9 +201,7 @@ def stream_items(cls: Callable[[int], Any], n_items: int, num_workers: int,
             try:
                 pairs = list(iterator)
             finally:  # a worker's error leaves no worker behind to be joined later
-                shutdown = getattr(iterator, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
+                _shut_down(iterator)
                 del iterator
             items += [int(x) for _, x in pairs]
             shares = [sum(1 for w, _ in pairs if w == k) for k in {w for w, _ in pairs}]
