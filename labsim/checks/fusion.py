@@ -153,6 +153,25 @@ def _kernel_device() -> tuple[str, str | None]:
                    "os.environ['TRITON_INTERPRET'] = '1' before importing triton")
 
 
+def _warm_dispatch() -> None:
+    """Dispatch one operator under a torch function mode and dispatch modes before any case
+    runs: the first one imports ``torch._dynamo`` and what it needs (hundreds of modules).
+    Done inside the first case, that import would count against its time limit, and under the
+    reference tripwire's profile hook and a graded run's audit hook it takes a minute on a
+    busy two-core machine; here it takes seconds."""
+    from labsim.lab.profile import OpLog
+
+    with _PassThrough(), OpLog(), _PaddedAllocations():
+        torch.empty(1).add_(1)
+
+
+class _PassThrough(torch.overrides.TorchFunctionMode):
+    """A torch function mode that only calls the function (for ``_warm_dispatch``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return func(*args, **(kwargs or {}))
+
+
 def _unwrapped(exc: BaseException) -> BaseException:
     """The learner's own error inside Triton's ``InterpreterError`` wrapper."""
     while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
@@ -169,6 +188,8 @@ def _drive_fused_chain(fns: Sequence[Callable[..., Any]], cases: Sequence[Case],
     from labsim.lab.launches import LaunchLog
 
     device, unusable = _kernel_device()
+    if unusable is None:
+        _warm_dispatch()
     outcomes = []
     for case in cases:
         if unusable is not None:
