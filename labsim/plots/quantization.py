@@ -3,7 +3,7 @@
 Left: the GPU's roof at fp16 and at int8 (log-log, attainable FLOP/s against FLOP per byte),
 with one decoder layer's decode step at several batch sizes (fp16 weights, int8 weights) and a
 training matmul.  Right: the upper bound on decode speed-up from int8 weights against batch
-size, for a few context lengths, with the seed's "3x" for reference.
+size, for a few context lengths, with Claim 001-14's "3x faster" for reference.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def int8_decode(
                  for b in bs]
             kind = "W8A8" if act else "weight-only"
             bx.semilogx(bs, s, style, color=f"C{i}", label=f"context {ctx}, {kind}")
-    bx.axhline(3.0, color="red", lw=0.8, ls="--", label='seed: "3x faster"')
+    bx.axhline(3.0, color="red", lw=0.8, ls="--", label='Claim 001-14: "3x faster"')
     bx.set_ylim(0.9, 4.2)
     bx.set_xlabel("batch (sequences decoded together)")
     bx.set_ylabel("upper bound on speed-up (x)")
