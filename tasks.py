@@ -62,6 +62,7 @@ def setup(extras: str) -> Path:
             _run(*pip, "torch")
     _run(*pip, "-e", f".[{extras}]", cwd=ROOT)
     write_lab_overrides(VENV)
+    write_terminal_config(VENV)
     return py
 
 
@@ -81,6 +82,34 @@ def write_lab_overrides(prefix: Path) -> Path:
     for plugin, values in LAB_OVERRIDES.items():
         current.setdefault(plugin, {}).update(values)
     path.write_text(json.dumps(current, indent=2) + "\n")
+    return path
+
+
+def write_terminal_config(prefix: Path) -> Path | None:
+    """Make the terminals JupyterLab opens start bash with the course's environment active.
+
+    JupyterLab starts a *login* shell when it was not started from a terminal, and a login
+    shell reads /etc/profile, which on Debian and Ubuntu sets PATH afresh: ``labsim`` would not
+    be found. The terminal runs bash with an rc file that reads the usual start-up files, then
+    activates ``prefix`` (the virtual environment). Written to
+    ``<prefix>/etc/jupyter/jupyter_server_config.d/`` (read by the environment's JupyterLab
+    only); returns its path, or None where there is no bash (Windows: the default shell)."""
+    import json
+    import shutil
+
+    bash = shutil.which("bash")
+    if os.name == "nt" or bash is None:
+        return None
+    rc = prefix / "etc" / "labsim" / "terminal.bashrc"
+    rc.parent.mkdir(parents=True, exist_ok=True)
+    rc.write_text("# The course's JupyterLab terminal: the usual start-up, then its environment.\n"
+                  "[ -r /etc/profile ] && . /etc/profile\n"
+                  "[ -r ~/.bashrc ] && . ~/.bashrc\n"
+                  f'. "{prefix / "bin" / "activate"}"\n')
+    path = prefix / "etc" / "jupyter" / "jupyter_server_config.d" / "labsim-terminal.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    settings = {"shell_command": [bash, "--rcfile", str(rc), "-i"]}
+    path.write_text(json.dumps({"ServerApp": {"terminado_settings": settings}}, indent=2) + "\n")
     return path
 
 
