@@ -16,6 +16,7 @@ newest torch your pip finds is installed instead.  A torch you already have is k
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -62,7 +63,6 @@ def setup(extras: str) -> Path:
             _run(*pip, "torch")
     _run(*pip, "-e", f".[{extras}]", cwd=ROOT)
     write_lab_overrides(VENV)
-    write_terminal_config(VENV)
     return py
 
 
@@ -85,18 +85,15 @@ def write_lab_overrides(prefix: Path) -> Path:
     return path
 
 
-def write_terminal_config(prefix: Path) -> Path | None:
-    """Make the terminals JupyterLab opens start bash with the course's environment active.
+def terminal_shell(prefix: Path) -> list[str] | None:
+    """The shell command of the terminals JupyterLab opens: bash with the course's environment
+    active, or None where there is no bash (Windows: JupyterLab's default shell).
 
     JupyterLab starts a *login* shell when it was not started from a terminal, and a login
     shell reads /etc/profile, which on Debian and Ubuntu sets PATH afresh: ``labsim`` would not
-    be found. The terminal runs bash with an rc file that reads the usual start-up files, then
-    activates ``prefix`` (the virtual environment). Written to
-    ``<prefix>/etc/jupyter/jupyter_server_config.d/`` (read by the environment's JupyterLab
-    only); returns its path, or None where there is no bash (Windows: the default shell)."""
-    import json
-    import shutil
-
+    be found. This bash reads the usual start-up files through an rc file written to
+    ``<prefix>/etc/labsim/terminal.bashrc``, then activates ``prefix`` (the virtual
+    environment)."""
     bash = shutil.which("bash")
     if os.name == "nt" or bash is None:
         return None
@@ -105,12 +102,8 @@ def write_terminal_config(prefix: Path) -> Path | None:
     rc.write_text("# The course's JupyterLab terminal: the usual start-up, then its environment.\n"
                   "[ -r /etc/profile ] && . /etc/profile\n"
                   "[ -r ~/.bashrc ] && . ~/.bashrc\n"
-                  f'. "{prefix / "bin" / "activate"}"\n')
-    path = prefix / "etc" / "jupyter" / "jupyter_server_config.d" / "labsim-terminal.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    settings = {"shell_command": [bash, "--rcfile", str(rc), "-i"]}
-    path.write_text(json.dumps({"ServerApp": {"terminado_settings": settings}}, indent=2) + "\n")
-    return path
+                  f". {shlex.quote(str(prefix / 'bin' / 'activate'))}\n")
+    return [bash, "--rcfile", str(rc), "-i"]
 
 
 def ensure_chromium() -> None:
@@ -133,8 +126,12 @@ def ensure_chromium() -> None:
 def _lab_command(py: Path, argv: list[str]) -> list[str]:
     """``jupyter lab`` on labs/ as it must run here: as root it needs ``--allow-root`` (every
     container, Binder-like images, CI machines), and with no display there is no browser to
-    open, so the URL JupyterLab prints (with its token) is the way in."""
+    open, so the URL JupyterLab prints (with its token) is the way in. Its terminals run
+    ``terminal_shell``."""
     cmd = [str(py), "-m", "jupyterlab", "--notebook-dir=labs", *argv]
+    shell = terminal_shell(py.parent.parent)
+    if shell is not None and not any("terminado_settings" in a for a in argv):
+        cmd.append(f"--ServerApp.terminado_settings=shell_command={shlex.join(shell)}")
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in argv:
         cmd.append("--allow-root")
     headless = sys.platform.startswith("linux") and not (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -165,8 +166,10 @@ def test_terminals_start_with_the_environment_active(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / ".bashrc").write_text("export PATH=/usr/bin:/bin\n")  # a PATH set afresh
-    config = json.loads(tasks.write_terminal_config(prefix).read_text())
-    shell = config["ServerApp"]["terminado_settings"]["shell_command"]
+    shell = tasks.terminal_shell(prefix)
+    flag = next(a for a in tasks._lab_command(prefix / "bin" / "python", [])
+                if a.startswith("--ServerApp.terminado_settings=shell_command="))
+    assert shlex.split(flag.split("=", 2)[2]) == shell  # what JupyterLab is told to start
     out = subprocess.run([*shell, "-c", "labsim"], env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.stdout.strip().endswith("course-labsim"), out.stderr
