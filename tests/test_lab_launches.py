@@ -99,3 +99,24 @@ def test_without_bounds_nothing_is_checked_and_everything_is_restored() -> None:
     assert (interp.InterpretedFunction.run, interp.InterpreterBuilder.create_masked_load
             ) == before
     assert sys.getprofile() is profile
+
+
+def test_a_block_past_the_end_counts_the_neighbour_it_reaches_as_outside() -> None:
+    """The host copies of two arguments may lie side by side: a load running 84 elements past
+    the first tensor's end into the next one is still 84 elements outside, not 44 inside the
+    first and 80 inside its neighbour."""
+    import types
+
+    import numpy as np
+
+    log = LaunchLog(bounds=True)
+    log._kernel = "k"
+    base = 1 << 20
+    log._extents = [(base, base + 300 * 4), (base + 300 * 4 + 64, base + 300 * 4 + 64 + 1200)]
+    element = types.SimpleNamespace(primitive_bitwidth=32)
+    ptrs = types.SimpleNamespace(data=base + 4 * np.arange(256, 384),
+                                 get_element_ty=lambda: element)
+    mask = types.SimpleNamespace(data=np.ones(128, dtype=bool))
+    builder = types.SimpleNamespace(grid_idx=(2, 0, 0))
+    with pytest.raises(OutOfBounds, match="84 element"):
+        log._check_inside(builder, "loaded", ptrs, mask)

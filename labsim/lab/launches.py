@@ -156,10 +156,15 @@ class LaunchLog:
         if addresses.size == 0:
             return
         width = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        # one tl.load or tl.store reads or writes one tensor: count what falls outside the
-        # tensor holding most of its elements (two tensors may lie side by side in memory)
-        inside = max((int(((addresses >= start) & (addresses + width <= stop)).sum())
-                      for start, stop in self._extents), default=0)
+        # one tl.load or tl.store reads or writes one tensor: the one its first element falls
+        # in (a block that runs past the end starts inside), else the one holding most of its
+        # elements; an address in a neighbouring tensor (they may lie side by side in memory)
+        # counts as outside
+        counts = {(start, stop): int(((addresses >= start) & (addresses + width <= stop)).sum())
+                  for start, stop in self._extents}
+        first = int(addresses[0])
+        home = [ext for ext in counts if ext[0] <= first and first + width <= ext[1]]
+        inside = counts[home[0]] if home else max(counts.values(), default=0)
         outside = int(addresses.size) - inside
         if outside:
             program = getattr(builder, "grid_idx", ("?",))[0]
