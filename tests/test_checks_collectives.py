@@ -62,6 +62,38 @@ def test_the_solution_passes_and_all_reduce_breaks_the_ring_rule(capsys):
     assert "0/8 cases passed" in str(info.value)
 
 
+def direct_exchange(tensor):
+    """Each chunk sent straight to the rank that owns it, then each sum straight to everyone:
+    2(p-1) sends of one chunk per rank, like a ring, but to every rank."""
+    import torch.distributed as dist
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(torch.tensor_split(tensor.view(-1), p))
+    reqs = [dist.isend(chunks[peer].contiguous(), peer) for peer in range(p)
+            if peer != rank and chunks[peer].numel()]
+    for peer in range(p):
+        if peer != rank and chunks[rank].numel():
+            buf = torch.empty_like(chunks[rank])
+            dist.recv(buf, peer)
+            chunks[rank] += buf
+    for r in reqs:
+        r.wait()
+    reqs = [dist.isend(chunks[rank].contiguous(), peer) for peer in range(p)
+            if peer != rank and chunks[rank].numel()]
+    for peer in range(p):
+        if peer != rank and chunks[peer].numel():
+            dist.recv(chunks[peer], peer)
+    for r in reqs:
+        r.wait()
+    return tensor
+
+
+def test_a_direct_exchange_moves_a_ring_s_bytes_and_fails_the_ring_rule():
+    with pytest.raises(CheckFailed, match="sends only to its successor") as info:
+        check.ring_allreduce(direct_exchange)
+    assert "rank 0 sent to ranks [1, 2]" in str(info.value)
+
+
 def both(rank, world):
     sizes = [1, 3, 4, 5, 97, 10_000]
     dtypes = ["float64"] * 5 + ["int64"]

@@ -322,16 +322,21 @@ MATMUL_OPS = frozenset({
 })
 
 
+_POINT_TO_POINT = frozenset({"c10d::send", "c10d::recv_"})  # (tensors, group, peer, tag)
+
+
 @dataclass(frozen=True)
 class Message:
     """One ``c10d`` operator call: its name (``"c10d::send"``), the bytes of the tensors it
-    writes or sends (its first argument) and of its input list (reduce-scatter's input), and
-    whether it was issued while autograd's backward pass was running."""
+    writes or sends (its first argument) and of its input list (reduce-scatter's input),
+    whether it was issued while autograd's backward pass was running, and for a point-to-point
+    message the peer's rank in its group (``dst`` of a send, ``src`` of a receive; -1 else)."""
 
     op: str
     nbytes: int
     in_nbytes: int
     in_backward: bool
+    peer: int = -1
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -384,9 +389,11 @@ class OpLog(TorchDispatchMode):
             self.graph_tasks.add(task)
         if name.startswith("c10d::"):
             second = args[1] if len(args) > 1 else None
+            peer = args[2] if name in _POINT_TO_POINT and len(args) > 2 else -1
             self.messages.append(Message(name, _nbytes(args[0]) if args else 0,
                                          _nbytes(second),
-                                         torch._C._current_graph_task_id() != -1))
+                                         torch._C._current_graph_task_id() != -1,
+                                         int(peer) if isinstance(peer, int) else -1))
             return out
         if name in MATMUL_OPS:
             self.matmul_dtypes.update(str(t.dtype).replace("torch.", "")
@@ -428,5 +435,6 @@ class OpLog(TorchDispatchMode):
             "graph_tasks": len(self.graph_tasks),
             "float_dtypes": sorted(self.float_dtypes),
             "matmul_dtypes": sorted(self.matmul_dtypes),
-            "messages": [[m.op, m.nbytes, m.in_nbytes, m.in_backward] for m in self.messages],
+            "messages": [[m.op, m.nbytes, m.in_nbytes, m.in_backward, m.peer]
+                         for m in self.messages],
         }

@@ -4,9 +4,10 @@ time, and nccl-tests' bus bandwidth.
 ``ring_allreduce`` runs the learner's function on gloo processes through ``check_worker`` (one
 launch for every case).  Each rank's result must be the sum over ranks, written into the tensor
 it was given, and the recorder (at the dispatcher, so a ``ProcessGroup`` called directly is seen)
-must show a ring: only point-to-point ``send``/``recv``, at most 2(p-1) sends per rank -- exactly
-2(p-1) when every chunk is non-empty -- each of at most ceil(S/p) elements (Patarasuk & Yuan
-2009).  ``dist.all_reduce`` or any other collective fails the rule.
+must show a ring: only point-to-point ``send``/``recv``, every send to the rank's successor and
+every receive from its predecessor (or all the other way round), at most 2(p-1) sends per rank --
+exactly 2(p-1) when every chunk is non-empty -- each of at most ceil(S/p) elements (Patarasuk &
+Yuan 2009).  ``dist.all_reduce`` or any other collective fails the rule.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def ring_rule(case: Case, out: Outcome, nprocs: int = NPROCS) -> str | None:
         if len(sends) > sends_needed or (numel >= nprocs and len(sends) != sends_needed):
             return (f"rank {rank} sent {len(sends)} messages; a ring on {nprocs} ranks sends "
                     f"2(p-1) = {sends_needed} (one chunk per step)")
+        ring = _ring_neighbours(rank, nprocs, seen.get("messages", []))
+        if ring is not None:
+            return ring
         big = max((m[1] for m in sends), default=0)
         if big > chunk:
             return (f"rank {rank} sent {big} bytes at once; each ring step sends one chunk of "
@@ -112,6 +116,24 @@ def ring_rule(case: Case, out: Outcome, nprocs: int = NPROCS) -> str | None:
     if not all(out.observed.get("in_place", [])):
         return "the sum must be written into the tensor passed in (in place) and returned"
     return None
+
+
+def _ring_neighbours(rank: int, nprocs: int, messages: Sequence[Sequence[Any]]) -> str | None:
+    """A ring: every send goes to one neighbour and every receive comes from the other (either
+    direction round the ring).  Sending each chunk straight to its owner (a direct exchange)
+    also moves 2(p-1) chunks per rank, but talks to every rank."""
+    sent_to = {int(m[4]) for m in messages if m[0] == "c10d::send"}
+    received_from = {int(m[4]) for m in messages if m[0] != "c10d::send"}
+    after, before = (rank + 1) % nprocs, (rank - 1) % nprocs
+    if any(m[0] == "c10d::recv_any_source_" for m in messages):
+        return (f"rank {rank} received from any source; in a ring each rank receives from its "
+                f"predecessor only (rank {before})")
+    for to, frm in ((after, before), (before, after)):
+        if sent_to <= {to} and received_from <= {frm}:
+            return None
+    return (f"rank {rank} sent to ranks {sorted(sent_to)} and received from "
+            f"{sorted(received_from)}; in a ring each rank sends only to its successor (rank "
+            f"{after}) and receives only from its predecessor (rank {before})")
 
 
 ring_allreduce = Spec("ring_allreduce", _ring_cases, drive=_ring_drive,
