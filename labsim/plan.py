@@ -216,7 +216,7 @@ class Plan:
         if isinstance(b, bool) or not isinstance(b, numbers.Real) or not math.isfinite(b) or \
                 b <= 0:
             raise ValueError(f"bucket_bytes={b!r}: must be a finite number of bytes > 0 "
-                             "(PyTorch DDP's default is 25e6)")
+                             "(PyTorch DDP's default is 25 MiB, 25 * 2**20)")
         if b < MIN_BUCKET_BYTES:
             raise ValueError(f"bucket_bytes={b!r}: buckets below {MIN_BUCKET_BYTES:g} bytes "
                              "are not simulated (frameworks use megabytes); use >= 1e3")

@@ -18,6 +18,9 @@ Fields:
 * ``overlap_grad_reduce`` / ``overlap_param_gather`` / ``bucket_bytes`` -- data-parallel
   gradient reduction during backward, the distributed optimizer's parameter all-gather under
   the next forward, the bucket size;
+* ``dp_nccl_algo`` -- ``NCCL_ALGO`` for the data-parallel collectives (buckets, ZeRO gathers
+  and reductions): ``"auto"`` lets the NCCL model's tuner pick, as NCCL does; ``"ring"``,
+  ``"tree"`` or any NCCL_ALGO list forces it, to see what the choice is worth;
 * ``zero1_grad_op`` -- how ZeRO-1 reduces the gradients once a step before each rank steps
   its shard of the optimizer: ``"reduce_scatter"`` (Megatron's distributed optimizer) or
   ``"allreduce"``, twice the bytes (DeepSpeed's ``BF16_Optimizer`` under its pipeline engine,
@@ -99,6 +102,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
+from labsim.collectives.tuner import ALGOS, parse_choice
 from labsim.compute import FLASH_KERNELS
 from labsim.hardware import GPU
 
@@ -119,7 +123,8 @@ class SoftwareProfile:
     tp_overlap_hidden: float = 0.0
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
-    bucket_bytes: float = 25e6
+    bucket_bytes: float = 25 * 2**20  # PyTorch DDP: bucket_cap_mb=25, in MiB
+    dp_nccl_algo: str = "auto"
     zero1_grad_op: str = "reduce_scatter"
     accumulate_bytes_per_param: float = 0.0
     extra_grad_bytes_per_param: float = 0.0
@@ -147,6 +152,7 @@ class SoftwareProfile:
         if self.zero3_grad_op not in ZERO3_GRAD_OPS:
             raise ValueError(f"zero3_grad_op={self.zero3_grad_op!r}: choose one of "
                              f"{ZERO3_GRAD_OPS}")
+        parse_choice(self.dp_nccl_algo, ALGOS, "dp_nccl_algo")  # raises naming the choices
         if self.zero1_grad_op not in ZERO1_GRAD_OPS:
             raise ValueError(f"zero1_grad_op={self.zero1_grad_op!r}: choose one of "
                              f"{ZERO1_GRAD_OPS}")

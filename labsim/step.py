@@ -152,7 +152,7 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     zero3 = plan.zero_stage == 3 and plan.dp > 1
     op = ("allreduce" if plan.zero_stage == 0
           or (plan.zero_stage == 1 and soft.zero1_grad_op == "allreduce") else "reduce_scatter")
-    dp_place = _Placer(net, dp_group)
+    dp_place = _Placer(net, dp_group, soft.dp_nccl_algo)
     split: dict[float, tuple[int, int]] = {}  # a chunk's gradient: (bucket bytes, count)
     for g, ch in enumerate(chunks):
         if plan.dp > 1 and not zero3:
@@ -182,14 +182,15 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         units = 4 if soft.zero3_unit == "tensor" else 1
         layer = model.params_per_layer / plan.tp
         w = precision.weight_bytes
-        z_gather = net.place(plan_collective("allgather", round(layer * w / units), dp_group),
-                             0)
+        algo = soft.dp_nccl_algo
+        z_gather = net.place(plan_collective("allgather", round(layer * w / units), dp_group,
+                                             algo), 0)
         z_reduce = net.place(plan_collective(soft.zero3_grad_op, round(
-            layer * precision.grad_bytes / units), dp_group), 0)
+            layer * precision.grad_bytes / units), dp_group, algo), 0)
         extra = sum(c.params for c in chunks) - model.layers * layer
-        z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group), 0),
+        z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group, algo), 0),
                    net.place(plan_collective(soft.zero3_grad_op, round(
-                       extra * precision.grad_bytes), dp_group), 0))
+                       extra * precision.grad_bytes), dp_group, algo), 0))
         overhead = (_gather_overhead_s(soft, plan.dp, layer * w / units, gpu, su),
                     _gather_overhead_s(soft, plan.dp, extra * w, gpu, su))
         counts = zero3_gathers(model, plan, soft)
@@ -386,8 +387,8 @@ class _Placer:
     """``net.place(plan_collective(op, nbytes, group), stage)``, each distinct question asked
     once: a step asks the same one for every chunk of a stage and every stage alike."""
 
-    def __init__(self, net: FoldedNetwork, group: Group) -> None:
-        self.net, self.group = net, group
+    def __init__(self, net: FoldedNetwork, group: Group, algorithm: str = "auto") -> None:
+        self.net, self.group, self.algorithm = net, group, algorithm
         self._costs: dict[tuple[str, int], CollectiveCost] = {}
         self._placed: dict[tuple[str, int, int], Placed] = {}
 
@@ -395,7 +396,8 @@ class _Placer:
         key = (op, nbytes, stage)
         if key not in self._placed:
             if (op, nbytes) not in self._costs:
-                self._costs[(op, nbytes)] = plan_collective(op, nbytes, self.group)
+                self._costs[(op, nbytes)] = plan_collective(op, nbytes, self.group,
+                                                            self.algorithm)
             self._placed[key] = self.net.place(self._costs[(op, nbytes)], stage)
         return self._placed[key]
 

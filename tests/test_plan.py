@@ -8,7 +8,7 @@ from labsim.workload import Transformer
 
 
 def test_profile_defaults_fill_what_the_plan_leaves_open():
-    assert Plan().overlap_grad_reduce and Plan().bucket_bytes == 25e6  # PyTorch DDP
+    assert Plan().overlap_grad_reduce and Plan().bucket_bytes == 25 * 2**20  # PyTorch DDP: 25 MiB
     old = Plan(software="megatron-lm-2021")
     assert not old.overlap_grad_reduce and old.attention == "standard"
     assert not Plan(software="megatron-lm-2021", overlap_grad_reduce=True).tp_comm_overlap

@@ -60,3 +60,25 @@ def test_one_large_nvlink_domain_scales_without_a_dip() -> None:
 def test_zero_paper_worked_example() -> None:
     got = [round(r["total"] / 1e9, 1) for r in zero_rows(7.5e9, 64)]
     assert got == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_a_forced_nccl_algorithm_prices_the_buckets_its_way():
+    """``dp_nccl_algo`` is NCCL_ALGO for the data-parallel collectives: at 8 DGX A100 nodes the
+    NCCL model's tuner runs a 25 MiB bucket as Tree; forced to Ring the buckets cost what a
+    ring costs there, and the step changes with them."""
+    from dataclasses import replace
+
+    import labsim
+    from labsim.sim.data_parallel import dp_scaling
+    from labsim.software import profile
+
+    gpt = labsim.Transformer.preset("gpt2-1.5b")
+    picked = labsim.simulate_collective("allreduce", 25 * 2**20, labsim.dgx_a100(8))
+    ring = labsim.simulate_collective("allreduce", 25 * 2**20, labsim.dgx_a100(8), "ring")
+    assert picked.algorithm == "tree" and ring.algorithm == "ring"
+    forced = replace(profile("generic"), dp_nccl_algo="ring")
+    auto_eff, ring_eff = (dp_scaling(gpt, [labsim.dgx_a100(8)], micro_batch=4,
+                                     software=s)[0]["efficiency"] for s in ("generic", forced))
+    assert (ring_eff > auto_eff) == (ring.time_s < picked.time_s)
+    with pytest.raises(ValueError, match="dp_nccl_algo"):
+        replace(profile("generic"), dp_nccl_algo="butterfly")

@@ -664,20 +664,22 @@ def _slow_sends_plan(microbatches: int):
 @pytest.mark.parametrize("microbatches", [8, 16, 32, 64])
 def test_the_closed_form_on_interleaved_rounds_that_wait_for_their_sends(
         microbatches, monkeypatch):
-    """Evaluated op by op and by the formulas, within 2 % of the engine.  The formulas count
-    each round's sends, and a stage's gradient buckets go in the order its chunks finish
-    backward: local chunk 0 (on stage 0 with the embedding's gradient) last.  Taken in the
-    opposite order they put the embedding's buckets under the compute and came out fast by
-    5.5, 3.6, 2.1 and 1.2 % at these m; now +0.8, +0.5, +0.3, +0.2 %."""
+    """Evaluated op by op within 1 % of the engine (-0.6, -0.5, -0.3, -0.2 % at these m), by
+    the formulas within 2.5 %, never fast.  The formulas count each round's sends, and a
+    stage's gradient buckets go in the order its chunks finish backward: local chunk 0 (on
+    stage 0 with the embedding's gradient) last.  Taken in the opposite order they put the
+    embedding's buckets under the compute and came out fast by 5.5, 3.6, 2.1 and 1.2 % at
+    these m; now +2.1, +1.3, +0.7, +0.4 % with DDP's 25 MiB buckets (+0.8, +0.5, +0.3, +0.2 %
+    with 25 MB ones: the last bucket's tail is where the formulas are coarse)."""
     import labsim.step
 
     model, cluster, plan = _slow_sends_plan(microbatches)
     sim = simulate_step(model, cluster, plan, memory=False).step_time_s
     est = estimate_step(model, cluster, plan, memory=False).step_time_s
-    assert abs(est / sim - 1) < 0.02
+    assert abs(est / sim - 1) < 0.01
     monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 0)  # the formulas instead
     formula = estimate_step(model, cluster, plan, memory=False).step_time_s
-    assert 0 < formula / sim - 1 < 0.01
+    assert 0 < formula / sim - 1 < 0.025
 
 
 @pytest.mark.parametrize("case", [

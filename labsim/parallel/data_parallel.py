@@ -137,11 +137,11 @@ class DataParallelBucket(nn.Module):
     """DDP with gradient buckets whose all-reduces overlap backward.
 
     ``bucket_cap_bytes``: a bucket is closed once it holds at least this many gradient bytes
-    (PyTorch DDP's ``bucket_cap_mb``, default 25 MB).  ``n_allreduce`` counts the all-reduces
+    (PyTorch DDP's ``bucket_cap_mb``, default 25 MiB).  ``n_allreduce`` counts the all-reduces
     launched since construction (the lab counts them with gradient accumulation).
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_bytes: float = 25e6) -> None:
+    def __init__(self, module: nn.Module, bucket_cap_bytes: float = 25 * 2**20) -> None:
         super().__init__()
         if bucket_cap_bytes <= 0:
             raise ValueError(f"bucket_cap_bytes must be > 0, got {bucket_cap_bytes}")

@@ -21,6 +21,7 @@ from labsim.cluster import Cluster
 from labsim.hardware import link as labsim_link
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
+from labsim.software import SoftwareProfile
 from labsim.step import StepResult
 from labsim.workload import Transformer
 
@@ -56,16 +57,19 @@ def flat_cluster(gpu: str, n: int, link: str) -> Cluster:
 
 def dp_scaling(model: Transformer, clusters: Sequence[Cluster], *, micro_batch: int = 1,
                accumulation: int = 1, overlap: bool = True,
-               bucket_bytes: float = 25e6) -> list[dict[str, float]]:
+               bucket_bytes: float = 25 * 2**20,
+               software: str | SoftwareProfile = "generic") -> list[dict[str, float]]:
     """Weak scaling of data parallelism: each cluster's GPUs all in dp, ``micro_batch`` x
     ``accumulation`` sequences per GPU per step.  Efficiency = tokens/s / (N x tokens/s of
-    one GPU running the same per-GPU work)."""
+    one GPU running the same per-GPU work).  ``software``: the profile (a forced
+    ``dp_nccl_algo`` shows what NCCL's algorithm choice is worth)."""
     rows = []
     base: float | None = None
     for c in clusters:
         n = c.world_size
         plan = Plan(dp=n, micro_batch=micro_batch, global_batch=n * micro_batch * accumulation,
-                    overlap_grad_reduce=overlap, bucket_bytes=bucket_bytes)
+                    overlap_grad_reduce=overlap, bucket_bytes=bucket_bytes,
+                    software=software)
         r = simulate_step(model, c, plan, memory=False)
         if base is None:
             one = replace(c, nodes=1, gpus_per_node=1, nics_per_node=1, name="one GPU")
