@@ -35,3 +35,31 @@ def test_bytes_per_rank_follow_the_sharding() -> None:
     # ZeRO-1: the two ranks' moments make up Adam's state once, each about half
     moments = [r["ZeRO-1"].optimizer for r in ranks]
     assert sum(moments) == 8 * psi and max(moments) <= 0.6 * 8 * psi
+
+
+class _ReplicatedAdam:
+    """Not ZeRO-1: the whole Adam on every rank, gradients all-reduced."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):  # type: ignore[no-untyped-def]
+        self.opt = optimizer_cls(params, **kwargs)
+
+    def step(self):  # type: ignore[no-untyped-def]
+        import torch.distributed as dist
+
+        for g in self.opt.param_groups:
+            for p in g["params"]:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        self.opt.step()
+
+
+def test_the_zero1_row_measures_the_class_it_is_given() -> None:
+    """The learner's class, not labsim's: a replicated Adam shows the whole state on every
+    rank and the all-reduce's traffic, however it names its state."""
+    ranks = launch(bytes_worker, 2, kwargs={"width": 32, "depth": 4,
+                                            "zero1_optimizer": _ReplicatedAdam}, timeout_s=180)
+    psi = ranks[0]["FSDP2"].numel
+    for r in ranks:
+        z1 = r["ZeRO-1"]
+        assert z1.optimizer >= 8 * psi and set(z1.by_kind) == {"all_reduce"}
+        assert z1.sent_bytes == 4 * psi

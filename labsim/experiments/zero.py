@@ -19,13 +19,17 @@ from torch import nn
 
 from labsim.lab.comm import CommRecorder
 from labsim.lab.device import rank_device
-from labsim.lab.memory import grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from labsim.lab.memory import grad_bytes, optimizer_state_bytes, param_bytes
+from labsim.lab.profile import OpLog
 from labsim.parallel.zero import ShardedOptimizer, fsdp_wrap, zero3_wrap
 
 SETUPS = ("data-parallel Adam", "ZeRO-1", "ZeRO-3 by hand", "FSDP2", "FSDP2, bf16 compute")
 # bytes a rank sends per byte of a collective's whole tensor on a ring of n ranks
+# (broadcast and reduce: every rank but one passes the tensor on, as in a chain)
 _RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-         "reduce_scatter": lambda n: (n - 1) / n}
+         "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n,
+         "reduce": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+         "send": lambda n: 1.0}
 
 
 def _mlp(width: int, depth: int) -> nn.Module:
@@ -64,10 +68,15 @@ def _wrap(name: str, model: nn.Module, world: int, zero3_linear: Any = None) -> 
 
 
 def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
-                 batch: int = 8, zero3_linear: Any = None) -> dict[str, RankBytes]:
+                 batch: int = 8, zero3_linear: Any = None,
+                 zero1_optimizer: Any = None) -> dict[str, RankBytes]:
     """One training step of an fp32 MLP per setup of ``SETUPS``; returns {setup: RankBytes}
     (DTensors counted by their local shard).  ``zero3_linear``: the ZeRO-3 layer class
-    (``cls(linear)``, a learner's) of "ZeRO-3 by hand"; default ``Zero3Linear``.  The
+    (``cls(linear)``, a learner's) of "ZeRO-3 by hand"; default ``Zero3Linear``.
+    ``zero1_optimizer``: the ZeRO-1 class (``cls(params, optimizer_cls, **kwargs)``, a
+    learner's); default ``ShardedOptimizer``.  Its state is what the tensors its own code
+    created still hold after the step (parameters and gradients aside), whatever it calls
+    them.  The
     data-parallel run all-reduces its gradients (what DDP would do); ZeRO-1 reduce-scatters
     them and all-gathers the updated parameters; ZeRO-3 and FSDP2 gather every layer before
     its forward and again before its backward and reduce-scatter its gradients."""
@@ -78,8 +87,13 @@ def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
         model = _mlp(width, depth).to(device)
         numel = sum(p.numel() for p in model.parameters())
         model = _wrap(name, model, world, zero3_linear)
-        opt: Any = (ShardedOptimizer(model.parameters(), torch.optim.Adam, lr=1e-3)
-                    if name == "ZeRO-1" else torch.optim.Adam(model.parameters(), lr=1e-3))
+        created = OpLog(keep_created=True)
+        if name == "ZeRO-1":
+            with created:
+                opt: Any = (zero1_optimizer or ShardedOptimizer)(model.parameters(),
+                                                                 torch.optim.Adam, lr=1e-3)
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         with CommRecorder() as rec:
             model(x).float().square().mean().backward()
             if name == SETUPS[0]:
@@ -87,9 +101,15 @@ def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
                     dist.all_reduce(p.grad)
                     p.grad /= world
             grads = grad_bytes(model)  # FSDP2: reduce-scattered shards; others: full ones
-            opt.step()
-        state = (tensor_bytes(t for t in opt.state_tensors() if t.ndim)
-                 if name == "ZeRO-1" else optimizer_state_bytes(opt))
+            if name == "ZeRO-1":
+                with created:
+                    opt.step()
+            else:
+                opt.step()
+        params = list(model.parameters())
+        grad_tensors = [p.grad for p in params if p.grad is not None]
+        state = (created.held_bytes(exclude=params + grad_tensors) if name == "ZeRO-1"
+                 else optimizer_state_bytes(opt))
         by_kind: dict[str, int] = {}
         for op in rec.comms:
             if op.kind in _RING:

@@ -39,7 +39,7 @@ from labsim.checks.data_parallel import (
     _spread,
     batches,
 )
-from labsim.checks.zero.zero3 import REDUCE_SCATTER, zero3_linear
+from labsim.checks.zero.zero3 import ALL_GATHER, REDUCE_SCATTER, zero3_linear
 from labsim.lab.profile import OpLog
 from labsim.memory import training_memory
 from labsim.parallel.data_parallel import (
@@ -181,9 +181,38 @@ def _sharded_drive(fns: Sequence[Callable[..., Any]], cases: Sequence[Case], spe
     return out
 
 
-def reduce_scatter_rule(case: Case, out: Outcome) -> str | None:
-    """Gradients are reduce-scattered in ``step()``; no all-reduce carries more than a shard."""
-    shard_bytes = math.ceil(trainable_bytes() / 2)
+def sent_bytes(messages: Sequence[Sequence[Any]], world: int) -> float:
+    """Bytes one rank sends for the recorded ``c10d`` calls, each priced as its bandwidth-
+    optimal ring or chain moves it, on average over the ranks: an all-reduce of S bytes
+    2(N-1)/N S; a reduce-scatter (S its input), an all-gather (S its output), a broadcast or a
+    reduce (each rank but one passes S on) (N-1)/N S; a send S; receives and barriers nothing.
+    So broadcasting each shard from its owner (``ZeroRedundancyOptimizer``'s way) costs what
+    one all-gather does."""
+    share = (world - 1) / world
+    total = 0.0
+    for m in messages:
+        op, out_bytes, in_bytes = m[0], m[1], m[2]
+        if op.startswith("c10d::allreduce"):
+            total += 2 * share * out_bytes
+        elif op in REDUCE_SCATTER:
+            total += share * in_bytes
+        elif op in ALL_GATHER or op.startswith("c10d::alltoall") or op in (
+                "c10d::broadcast_", "c10d::reduce_", "c10d::scatter_", "c10d::gather_"):
+            total += share * out_bytes
+        elif op == "c10d::send":
+            total += out_bytes
+    return total
+
+
+def reduce_scatter_rule(case: Case, out: Outcome, world: int = 2) -> str | None:
+    """Gradients are reduce-scattered in ``step()`` -- the reduce-scatters carry at least the
+    gradients' bytes, no all-reduce carries more than a shard -- and each rank sends no more
+    per step than ZeRO-1 needs: 2 (N-1)/N Psi (a reduce-scatter of the gradients and an
+    all-gather of the parameters, Rajbhandari et al. 2020 section 7.1), plus 5 % and a page
+    for padding."""
+    psi = trainable_bytes()
+    shard_bytes = math.ceil(psi / world)
+    limit = 2 * (world - 1) / world * psi * 1.05 + SLACK_BYTES
     for run, steps in enumerate(out.observed.get("steps", [])):
         rank = run // len(CONFIGS)
         for i, seen in enumerate(steps):
@@ -192,9 +221,19 @@ def reduce_scatter_rule(case: Case, out: Outcome) -> str | None:
             if big:
                 return (f"rank {rank}, step {i + 1}: an all-reduce of {big[0]} bytes; ZeRO-1 "
                         "reduce-scatters the gradients (each rank receives only its shard)")
-            if not any(m[0] in REDUCE_SCATTER for m in msgs):
-                return (f"rank {rank}, step {i + 1}: no reduce-scatter; ZeRO-1 reduce-scatters "
-                        "the gradients (dist.reduce_scatter_tensor)")
+            scattered = sum(m[2] for m in msgs if m[0] in REDUCE_SCATTER)
+            grads = seen.get("grad_bytes", psi)
+            if scattered < grads:
+                return (f"rank {rank}, step {i + 1}: reduce-scatters of {scattered} bytes for "
+                        f"{grads} bytes of gradients; ZeRO-1 reduce-scatters the gradients "
+                        "themselves (dist.reduce_scatter_tensor), so each rank receives only "
+                        "the sum of its shard")
+            sent = sent_bytes(msgs, world)
+            if sent > limit:
+                return (f"rank {rank}, step {i + 1}: sent {sent:,.0f} bytes, {sent / psi:.2f} "
+                        f"x the parameters' {psi:,} bytes; ZeRO-1 sends 2(N-1)/N of them "
+                        f"({2 * (world - 1) / world * psi:,.0f} bytes on {world} ranks): one "
+                        "reduce-scatter of the gradients and one all-gather of the parameters")
     return None
 
 
@@ -288,13 +327,15 @@ def zero1_run(rank: int, world: int, cls: Callable[..., Any], config: str,
         loss = lm_loss(model, shard(b, rank, world))
         loss.backward()
         _drop_unused(model, i)
+        grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
+                         if p.grad is not None)
         with watch(forbid, keep_created=True) as seen:
             err = _guard(opt.step)
             if not isinstance(err, Outcome):
                 err = _guard(opt.zero_grad)
         summary = seen.summary()
         refs += summary["references"]
-        steps.append({"messages": summary["messages"]})
+        steps.append({"messages": summary["messages"], "grad_bytes": grad_bytes})
         if i < last:
             logs.append(seen.log)
         if isinstance(err, Outcome):
