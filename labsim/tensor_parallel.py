@@ -38,17 +38,26 @@ def tp_comm_elements(micro_batch: int, seq: int, hidden: int, tp: int) -> float:
     return 8.0 * micro_batch * seq * hidden * (tp - 1) / tp
 
 
-def collective_matmul_s(gemm_s: float, comm_s: float, tp: int) -> float:
+def collective_matmul_s(gemm_s: float, comm_s: float, tp: int,
+                        overlap_slowdown: float = 0.0) -> float:
     """Seconds of a GEMM and its all-gather (or reduce-scatter) over ``tp`` devices, cut into
     ``tp`` shards whose GEMMs overlap the ring steps: ``max(t g, (t - 1) c + g)`` with
-    ``g = gemm_s / t`` and ``c = comm_s / (t - 1)`` (``gemm_s`` when ``tp`` = 1)."""
+    ``g = gemm_s / t`` and ``c = comm_s / (t - 1)`` (``gemm_s`` when ``tp`` = 1).
+
+    ``overlap_slowdown``: the fraction by which a GEMM shard slows while a ring step runs
+    beside it (the communication kernels hold SMs and HBM bandwidth; 0.189 on average in Lee
+    et al. 2025, ``labsim.compute.OVERLAP_SLOWDOWN``): the ``t - 1`` shards under the ring
+    then take ``g (1 + slowdown)`` each.  Smaller GEMMs also run less efficiently than the
+    whole one; that is not charged, so the result stays a lower bound on the time."""
     _positive(gemm_s=gemm_s, comm_s=comm_s)
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive integer")
+    if not 0 <= overlap_slowdown < 1:
+        raise ValueError(f"overlap_slowdown={overlap_slowdown!r} must be in [0, 1)")
     if tp == 1:
         return gemm_s
     g, c = gemm_s / tp, comm_s / (tp - 1)
-    return max(tp * g, (tp - 1) * c + g)
+    return max((tp - 1) * g * (1 + overlap_slowdown) + g, (tp - 1) * c + g)
 
 
 def layer_gemm_flops(micro_batch: int, seq: int, hidden: int, ffn: int | None = None

@@ -56,7 +56,9 @@ def test_overlap_hides_what_compute_covers() -> None:
     across = stp.overlap_times(GPT3, stp.tp_cluster(DGX, 8, across_nodes=True))
     for r in (inside, across):
         assert r.compute_s - 1e-12 <= r.overlapped_s <= r.blocking_s
-    assert inside.overlapped_s == pytest.approx(inside.compute_s)  # NVLink: all hidden
+    # NVLink: the communication hides, but the GEMM shards under it run 18.9 % slower (Lee
+    # et al. 2025), so the layer takes longer than its compute, less than blocking
+    assert inside.compute_s * 1.05 < inside.overlapped_s < inside.blocking_s
     assert across.overlapped_s > across.compute_s * 1.1  # IB: more than compute can hide
 
 

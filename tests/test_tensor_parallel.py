@@ -24,6 +24,11 @@ def test_collective_matmul_hides_short_steps_and_exposes_one_shard_of_long_ones(
     assert collective_matmul_s(8.0, 1.0, 1) == 8.0  # nothing to gather
     assert collective_matmul_s(8.0, 3.0, 4) == 8.0  # 1 s per step < 2 s per shard: hidden
     assert collective_matmul_s(4.0, 9.0, 4) == 3 * 3.0 + 1.0  # 3 steps, then one shard
+    # the 3 shards under the ring run 25 % slower: 3 x 2.5 + 2 s, longer than the ring's 3 s + 2
+    assert collective_matmul_s(8.0, 3.0, 4, overlap_slowdown=0.25) == 3 * 2.5 + 2.0
+    assert collective_matmul_s(4.0, 9.0, 4, overlap_slowdown=0.25) == 3 * 3.0 + 1.0
+    with pytest.raises(ValueError, match="overlap_slowdown"):
+        collective_matmul_s(8.0, 3.0, 4, overlap_slowdown=1.5)
     with pytest.raises(ValueError, match="gemm_s"):
         collective_matmul_s(math.nan, 1.0, 2)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from labsim.cluster import Cluster
+from labsim.compute import OVERLAP_SLOWDOWN
 from labsim.memory import activation_memory
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
@@ -168,7 +169,10 @@ def overlap_times(model: Transformer, cluster: Cluster, *, micro_batch: int = 1,
     kernels are spread in proportion); each of the four sequence-parallel collectives (an
     all-gather before QKV and before the MLP, a reduce-scatter after the output projection and
     after the MLP) overlaps its GEMM forward, and backward its data-gradient GEMM and the
-    weight-gradient GEMM beside it (twice the forward GEMM)."""
+    weight-gradient GEMM beside it (twice the forward GEMM).  A shard's GEMM under a ring step
+    runs 18.9 % slower (``OVERLAP_SLOWDOWN``, Lee et al. 2025, as the step model charges data
+    parallelism's overlap); the less efficient smaller GEMMs are not charged, so
+    ``overlapped_s`` is a lower bound on the overlapped layer's time."""
     lt = layer_times(model, cluster, micro_batch=micro_batch, sequence_parallel=True,
                      where=where, **kwargs)
     tp = lt.tp
@@ -177,10 +181,11 @@ def overlap_times(model: Transformer, cluster: Cluster, *, micro_batch: int = 1,
     pairs = [flops[k] / total for k in ("qkv", "out", "up", "down")]
     core = flops["core"] / total
     c_f, c_b = lt.comm_fwd_s / 4, lt.comm_bwd_s / 4  # one collective of the four
-    fwd = core * lt.compute_fwd_s + sum(collective_matmul_s(share * lt.compute_fwd_s, c_f, tp)
-                                        for share in pairs)
-    bwd = core * lt.compute_bwd_s + sum(collective_matmul_s(share * lt.compute_bwd_s, c_b, tp)
-                                        for share in pairs)
+    slow = OVERLAP_SLOWDOWN  # compute beside communication, charged as the step model does
+    fwd = core * lt.compute_fwd_s + sum(
+        collective_matmul_s(share * lt.compute_fwd_s, c_f, tp, slow) for share in pairs)
+    bwd = core * lt.compute_bwd_s + sum(
+        collective_matmul_s(share * lt.compute_bwd_s, c_b, tp, slow) for share in pairs)
     return OverlapTimes(tp, lt.where, lt.compute_s, lt.comm_s, lt.total_s, fwd + bwd)
 
 
