@@ -14,6 +14,9 @@ def test_static_figure_titles_the_verdict() -> None:
     assert "fits: ZeRO-1, ZeRO-2, ZeRO-3" in title and "A100-40GB" in title
     fig = memory_figure(model=Transformer.preset("gpt2-124m"), dp=1, micro_batch=1)
     assert "fits: ZeRO-0" in fig.axes[0].get_title()
+    fig = memory_figure(model="gpt3-175b", dp=1, micro_batch=1)  # nothing fits one GPU
+    title = fig.axes[0].get_title()
+    assert "nothing fits (at best ZeRO-" in title and "of 80)" in title and "fits:" not in title
 
 
 @pytest.mark.slow

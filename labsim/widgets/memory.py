@@ -41,7 +41,12 @@ def memory_figure(
     chip = gpu(device)
     fits = [k for k, v in bars.items() if v.fits(chip.memory_bytes)]
     name = model.name if isinstance(model, Transformer) else f"{float(model) / 1e9:.3g}B params"
-    verdict = f"fits: {', '.join(fits)}" if fits else "fits with no ZeRO stage"
+    if fits:
+        verdict = f"fits: {', '.join(fits)}"
+    else:
+        best = min(bars, key=lambda k: bars[k].total)
+        verdict = (f"nothing fits (at best {best}, {bars[best].total / 1e9:,.0f} GB of "
+                   f"{chip.memory_bytes / 1e9:,.0f})")
     return memory_bars(
         bars,
         capacities=[chip],
