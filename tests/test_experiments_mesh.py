@@ -41,6 +41,14 @@ def test_a_negative_latency_is_refitted_as_bandwidth_only() -> None:
         exp.fit_alpha_beta(rows[:1])
 
 
+def test_times_that_fall_with_size_are_latency_alone() -> None:
+    """Seen on a busy 2-core machine: 4 KB slower than 1 MB.  The fit must not return a
+    negative bandwidth (a Link refuses it and the lab stopped); it says latency alone."""
+    rows = [(4e3, 3.9e-3), (3.3e4, 2.1e-3), (2.6e5, 1.6e-3), (1e6, 1.5e-3)]
+    alpha, bandwidth = exp.fit_alpha_beta(rows, 2)
+    assert bandwidth == float("inf") and 0.5e-3 < alpha < 2e-3
+
+
 def test_alpha_beta_floor_counts_every_collective_once() -> None:
     run = _run()
     want = (2 * 12 * 100e-6 + 6e6 / 1e9) + (5 * 100e-6 + 0.5 * 7e6 / 1e9) + (

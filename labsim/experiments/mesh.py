@@ -43,7 +43,7 @@ from labsim.workload import Transformer
 
 MATMUL_N = 512  # the measured "peak": an n x n fp32 matmul, as labsim.experiments.profile does
 COPY_BYTES = 32e6  # a copy far larger than the caches: read + write at memory speed
-ALLREDUCE_NUMELS = (2**10, 2**13, 2**16, 2**18)  # float32 elements, 4 KB to 1 MB
+ALLREDUCE_NUMELS = (2**10, 2**13, 2**16, 2**18, 2**20)  # float32 elements, 4 KB to 4 MB
 LR = 0.01
 
 
@@ -51,7 +51,8 @@ def fit_alpha_beta(rows: Sequence[tuple[float, float]], p: int = 2) -> tuple[flo
     """``(alpha_s, bandwidth_Bps)`` of a ring all-reduce over ``p`` ranks,
     ``t = 2 (p - 1) alpha + 2 (p - 1) / p * S / B``, fitted to ``rows`` of (bytes S, seconds t)
     by least squares on the relative error (each row weighs alike, small or large); alpha is
-    kept >= 0."""
+    kept >= 0, and when the times do not grow with the size (noise larger than the bytes'
+    cost) the bandwidth is infinite: latency alone was measured."""
     if len(rows) < 2:
         raise ValueError("fitting alpha and B needs at least two sizes")
     s = np.array([r[0] for r in rows], dtype=float)
@@ -61,6 +62,9 @@ def fit_alpha_beta(rows: Sequence[tuple[float, float]], p: int = 2) -> tuple[flo
     if alpha < 0:  # a negative latency fits noise: refit the bandwidth alone
         alpha = 0.0
         beta = float(np.sum(a[:, 1]) / np.sum(a[:, 1] ** 2))
+    if beta <= 0:  # times that fall with size: no byte cost above the noise, latency alone
+        alpha = float(np.sum(a[:, 0]) / np.sum(a[:, 0] ** 2))
+        return alpha, float("inf")
     return float(alpha), float(1.0 / beta)
 
 
@@ -225,9 +229,12 @@ def time_mesh(parallelize: Callable[..., Any], train_step: Callable[..., Any],
         rows_ar = [(leaders[0][i][0], statistics.median(lead[i][1] for lead in leaders))
                    for i in range(len(leaders[0]))]
     alpha, bandwidth = fit_alpha_beta(rows_ar, tp) if rows_ar else (0.0, float("inf"))
+    copy_Bps = statistics.median(r["rank_copy"] for r in ranks)
+    # bytes through loopback move no faster than a memory copy: the bound when none was seen
+    bandwidth = min(bandwidth, copy_Bps)
     return MeshRun(dp, tp, tuple(ranks[0]["times"]["mesh"]), tuple(ranks[0]["times"]["serial"]),
                    statistics.median(r["rank_flops"] for r in ranks),
-                   statistics.median(r["rank_copy"] for r in ranks), ranks[0]["solo"][0],
+                   copy_Bps, ranks[0]["solo"][0],
                    ranks[0]["solo"][1], alpha, bandwidth, tuple(rows_ar), ranks[0]["comms"],
                    int(ranks[0]["flops"]), int(ranks[0]["serial_flops"]))
 
