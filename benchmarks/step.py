@@ -121,6 +121,55 @@ def fit() -> None:
               f"log error {math.sqrt(loss(x)):.1%} on {len(members)} calibration runs")
 
 
+# the stacks whose sustained fractions are fitted on their own calibration runs, and the
+# profiles that borrow each one's (labsim/software.py: "sustained: Megatron-LM 2021's")
+FITTED_STACKS = {
+    "megatron-lm-2021": ("megatron-lm-2021", "megatron-deepspeed-2022", "deepspeed-zero3-2021"),
+    "megatron-lm-2022": ("megatron-lm-2022",),
+    "megatron-core-te": ("megatron-core-te",),
+    "fsdp": ("fsdp", "fsdp-torch1.13"),
+}
+
+
+def left_out_profile(name: str, stack: str):
+    """Profile ``name`` (one of ``stack``'s family) with every sustained fraction replaced by
+    the mean of the other fitted stacks' on the same GPU generation: what labsim would say of
+    a stack none of whose runs it had seen."""
+    base = software.PROFILES[name]
+    others = [software.PROFILES[s] for s in FITTED_STACKS if s != stack]
+    sustained = {}
+    for arch in base.sustained:
+        values = [o.sustained[arch] for o in others if arch in o.sustained]
+        sustained[arch] = statistics.mean(values) if values else base.sustained[arch]
+    return replace(base, sustained=MappingProxyType(sustained))
+
+
+def leave_one_stack_out() -> None:
+    """Every run of each fitted stack's family predicted with the other stacks' fractions,
+    beside the calibrated profile's error on the same runs (issue: held-out runs from a
+    calibrated stack are not unseen)."""
+    print(f"{'left out':<18} {'run':<46} {'profile':<22} {'calibrated':>10} {'left out':>9}")
+    every: list[float] = []
+    for stack, family in FITTED_STACKS.items():
+        errors, seen = [], []
+        for run in runs():
+            name = run.plan_spec["software"]
+            if name not in family:
+                continue
+            measured = run.measured_step_s()
+            own = predict(run).step_time_s / measured - 1
+            out = predict(run, left_out_profile(name, stack)).step_time_s / measured - 1
+            errors.append(out)
+            seen.append(own)
+            print(f"{stack:<18} {run.id:<46} {name:<22} {own:>+10.1%} {out:>+9.1%}")
+        a, b = [abs(e) for e in errors], [abs(e) for e in seen]
+        every += a
+        print(f"{stack}: {len(a)} runs; calibrated median {statistics.median(b):.1%} max "
+              f"{max(b):.1%}; left out median {statistics.median(a):.1%} max {max(a):.1%}\n")
+    print(f"every stack left out in turn: {len(every)} runs, median |error| "
+          f"{statistics.median(every):.1%}, max {max(every):.1%}")
+
+
 def speed_cases() -> list[tuple]:
     """(name, model, cluster, plan) of the cases ``--speed`` times."""
     one_t = labsim.Transformer.preset("megatron-1t")
@@ -615,6 +664,8 @@ def main() -> None:
     parser.add_argument("--zero-tp", type=int, choices=(2, 3), default=0,
                         help="--agreement: plans of this ZeRO stage with tensor parallelism")
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--leave-one-stack-out", action="store_true",
+                        help="each fitted stack's runs with the other stacks' fractions")
     parser.add_argument("--variants", action="store_true")
     parser.add_argument("--faster", type=int, nargs="?", const=300, default=None,
                         help="plans per cluster family whose links get faster")
@@ -636,6 +687,8 @@ def main() -> None:
         formula(args.formula, args.seed)
     elif args.sweep:
         sweep(args.verbose)
+    elif args.leave_one_stack_out:
+        leave_one_stack_out()
     elif args.faster:
         faster(args.faster, args.seed)
     elif args.variants:
