@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from labsim.parallel.tensor_parallel import MLP  # down(GeLU(up(x))), up cfg.ffn_hidden wide
 from labsim.workload import Transformer
 
 __all__ = ["COLWISE", "ROWWISE", "MeshGPT", "demo", "full_parameters", "global_batch",
@@ -60,17 +61,6 @@ class Attention(nn.Module):
                    for lin in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
         return self.o(y.transpose(1, 2).reshape(b, t, -1))
-
-
-class MLP(nn.Module):
-    """``down(GeLU(up(x)))``, ``up`` 4h wide (``cfg.ffn_hidden``)."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
 
 
 class Block(nn.Module):
