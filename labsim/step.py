@@ -45,6 +45,13 @@ from labsim.network import FoldedNetwork, Placed, shared_fractions, shared_growt
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
 from labsim.trace import Span, Trace
+from labsim.uncontended import (
+    alone_schedule,
+    bucket_growth,
+    op_time,
+    zero3_fluid,
+    zero3_tp_flows,
+)
 from labsim.workload import Transformer
 
 
@@ -552,7 +559,6 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
     it; elsewhere the two runs give the fill and the pace, whether a stage or a pipe sets
     it, extended in a straight line."""
     from labsim.pipeline import make_schedule
-    from labsim.uncontended import alone_schedule, bucket_growth
 
     plan = c.plan
     p, m, v, group = plan.pp, plan.microbatches, plan.virtual_stages, plan.microbatch_group
@@ -582,7 +588,7 @@ def _evaluated_schedule(c: StepCosts) -> tuple[list[float], list[float], float] 
 
 def _stage_paces(c: StepCosts) -> tuple[list[float], list[float]] | None:
     """Each stage's seconds per micro-batch in a 1F1B or interleaved schedule's steady state,
-    with and without its blocking sends (its ops alone, ``_op_time``), where the slowest
+    with and without its blocking sends (its ops alone, ``op_time``), where the slowest
     stage sets the pipeline's pace: no send longer than the shortest op (a longer one can
     make a micro-batch's round trip through the stages the pace) and no gradient buckets
     every micro-batch (ZeRO-2's stream can set it too).  None otherwise, and for GPipe (all
@@ -608,7 +614,7 @@ def _stage_paces(c: StepCosts) -> tuple[list[float], list[float]] | None:
 
 
 def _chunk_times(c: StepCosts) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Per model chunk: its forward and its backward alone (``_op_time``), and the sends that
+    """Per model chunk: its forward and its backward alone (``op_time``), and the sends that
     carry their outputs to the next chunk and back to the one before, alone (0: none)."""
     p, h = c.plan.pp, c.tp_hidden
     n_chunks = len(c.chunks)
@@ -618,8 +624,8 @@ def _chunk_times(c: StepCosts) -> tuple[list[float], list[float], list[float], l
         sb = c.p2p.get((g % p, (g - 1) % p)) if g > 0 else None
         send_f.append(sf.alone_s if sf is not None else 0.0)
         send_b.append(sb.alone_s if sb is not None else 0.0)
-        op_f.append(_op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h))
-        op_b.append(_op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h))
+        op_f.append(op_time(ch.t_fwd, ch.tp, ch.tp_fwd, h))
+        op_b.append(op_time(ch.t_rec + ch.t_bwd, ch.tp, ch.tp_bwd, h))
     return op_f, op_b, send_f, send_b
 
 
@@ -646,7 +652,6 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
     backward, GPipe's forwards after the first and the two micro-batches' backwards after
     the four's); a forward goes in one go unless TP bytes move beside the streams."""
     from labsim.pipeline import make_schedule
-    from labsim.uncontended import zero3_fluid, zero3_tp_flows
 
     plan = c.plan
     m, layers = plan.microbatches, c.chunks[0].layers
@@ -675,22 +680,6 @@ def _evaluated_zero3(c: StepCosts) -> tuple[float, float] | None:
         return _line(e2, e4, 2, 4, m), _line(c2, c4, 2, 4, m)
     end, compute_end, _ = zero3_fluid(c, make_schedule(plan.schedule, 1, m)[0])
     return end, compute_end
-
-
-def _op_terms(work: float, tp: Placed | None, calls: int, hidden: float
-              ) -> tuple[float, float]:
-    """An op alone as the two spans the event engine runs in turn: its compute (beside the
-    ``hidden`` share of its tensor-parallel collectives), then the rest of them."""
-    if tp is None or not calls or not tp.pipes:
-        return work, 0.0
-    alone = tp.alone_s * calls
-    return (max(work, hidden * alone), (1 - hidden) * alone) if hidden else (work, alone)
-
-
-def _op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
-    """An op alone: compute plus its tensor-parallel collectives (blocking or overlapped)."""
-    busy, tail = _op_terms(work, tp, calls, hidden)
-    return busy + tail
 
 
 def _bucket_finish(free: float, t0: float, d: float, n: int, tau: float) -> float:
@@ -734,7 +723,6 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     """
     from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak, interleaved_warmup
-    from labsim.uncontended import bucket_growth
 
     c = step_costs(model, cluster, plan)
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
@@ -888,7 +876,6 @@ def _buckets_beside_tp(ch: ChunkCost, bucket: Placed, n: int, op_s: float, windo
 
 def _zero3_estimate(c: StepCosts, h: float) -> float:
     """Seconds of the ZeRO-3 micro-batches of ``c`` (pp = 1; module ``estimate_step`` doc)."""
-    from labsim.uncontended import zero3_tp_flows
 
     plan = c.plan
     ch = c.chunks[0]
@@ -896,8 +883,8 @@ def _zero3_estimate(c: StepCosts, h: float) -> float:
     one = c.zero3_gather.alone_s + c.zero3_gather_extra_s[0]
     fwd, bwd = c.zero3_gathers
     r = units * c.zero3_reduce.alone_s
-    c_f = _op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
-    c_b = _op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
+    c_f = op_time((ch.t_fwd - ch.head_fwd) / layers, ch.tp, ch.tp_fwd // layers, h)
+    c_b = op_time((ch.t_bwd - ch.head_bwd + ch.t_rec) / layers, ch.tp, ch.tp_bwd // layers, h)
 
     g_gather, g_reduce = shared_growth(c.zero3_gather, c.zero3_reduce, c.capacity)
     moving_g = c.zero3_gather.alone_s - c.zero3_gather.latency_s

@@ -31,6 +31,22 @@ if TYPE_CHECKING:  # annotations only: labsim.step imports this module
     from labsim.step import StepCosts
 
 
+def op_terms(work: float, tp: Placed | None, calls: int, hidden: float
+             ) -> tuple[float, float]:
+    """An op alone as the two spans the event engine runs in turn: its compute (beside the
+    ``hidden`` share of its tensor-parallel collectives), then the rest of them."""
+    if tp is None or not calls or not tp.pipes:
+        return work, 0.0
+    alone = tp.alone_s * calls
+    return (max(work, hidden * alone), (1 - hidden) * alone) if hidden else (work, alone)
+
+
+def op_time(work: float, tp: Placed | None, calls: int, hidden: float) -> float:
+    """An op alone: compute plus its tensor-parallel collectives (blocking or overlapped)."""
+    busy, tail = op_terms(work, tp, calls, hidden)
+    return busy + tail
+
+
 @dataclass(frozen=True)
 class AloneRun:
     """What ``alone_schedule`` computed: each stage's end, compute-busy seconds, the end of
@@ -424,7 +440,6 @@ def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
     goes (None: nowhere) and the seconds alone of the send that carries it (None: same
     stage).
     An inbox or outbox is the list, by micro-batch, of one chunk's arrivals of one kind."""
-    from labsim.step import _op_terms
 
     p, v, h = c.plan.pp, c.plan.virtual_stages, c.tp_hidden
     n_chunks = p * v
@@ -440,7 +455,7 @@ def _op_tables(c: StepCosts, arrival: dict[tuple[str, int], list]
                 work, calls = (ch.t_fwd, ch.tp_fwd) if fwd else (ch.t_rec + ch.t_bwd,
                                                                  ch.tp_bwd)
                 tp = ch.tp if ch.tp is not None and calls and ch.tp.pipes else None
-                busy_s, tail_s = _op_terms(work, tp, calls, h)
+                busy_s, tail_s = op_terms(work, tp, calls, h)
                 nxt = g + 1 if fwd else g - 1
                 out = 0 <= nxt < n_chunks
                 send = c.p2p.get((s, nxt % p)) if out else None
@@ -557,7 +572,6 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...], memo: dict | None = None
     of each is replayed and kept (in ``memo``, which a caller may share between replays of
     one ``c``), the others are taken from it, with the reduce stream as it was at its end.
     Returns (end of both streams, end of the last compute, each op's end)."""
-    from labsim.step import _op_time
 
     plan = c.plan
     ch = c.chunks[0]
@@ -581,9 +595,9 @@ def zero3_fluid(c: StepCosts, ops: tuple[Op, ...], memo: dict | None = None
     compute = {"F": (ch.t_fwd - ch.head_fwd) / layers,  # a layer's, without its TP
                "B": (ch.t_bwd - ch.head_bwd + ch.t_rec) / layers}
     calls = {"F": ch.tp_fwd // layers, "B": ch.tp_bwd // layers}
-    work = {kind: _op_time(compute[kind], tp, calls[kind], hidden) for kind in "FB"}
+    work = {kind: op_time(compute[kind], tp, calls[kind], hidden) for kind in "FB"}
     # the backward's first layer computes the head's backward too, before or beside its TP
-    head_b = _op_time(compute["B"] + ch.head_bwd, tp, calls["B"], hidden)
+    head_b = op_time(compute["B"] + ch.head_bwd, tp, calls["B"], hidden)
     # TP collectives that share pipes with the streams: after their latencies
     # (``tp_wait``), their bytes (``tp_bytes``, s alone) as a fluid
     tp_fluid = zero3_tp_flows(c) > 0

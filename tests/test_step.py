@@ -723,7 +723,8 @@ def test_a_send_longer_than_an_op_leaves_the_pace_to_two_runs():
     schedule's ends to 1e-9; the slowest stage's pace from one run would be 6.8 % fast.  On a
     2,048-wide model the sends are shorter than every op and one run at that pace is the
     whole schedule's ends within 0.01 %."""
-    from labsim.step import _evaluated_schedule, _op_time, _stage_paces
+    from labsim.step import _evaluated_schedule, _stage_paces
+    from labsim.uncontended import op_time as _op_time
 
     tiny = labsim.Transformer(layers=16, hidden=256, heads=4, seq_len=512, vocab=32000)
     for model, within in ((tiny, 1e-9), (MID, 1e-4)):

@@ -47,8 +47,8 @@ from labsim.network import Placed
 from labsim.pipeline import make_schedule, max_in_flight
 from labsim.plan import Plan
 from labsim.sim.network import Network
-from labsim.step import StepCosts, StepResult, _op_time, result_from, step_costs
-from labsim.uncontended import alone_schedule
+from labsim.step import StepCosts, StepResult, result_from, step_costs
+from labsim.uncontended import alone_schedule, op_time
 from labsim.workload import Transformer
 
 MAX_OPS = 2_000_000  # pipeline ops (2 pp m v): beyond, a simulation takes minutes
@@ -218,7 +218,7 @@ class _Engine:
                 work, calls = ch.t_fwd, ch.tp_fwd
             else:
                 work, calls = ch.t_rec + ch.t_bwd, ch.tp_bwd
-            planned = _op_time(work, ch.tp, calls, self.hidden)
+            planned = op_time(work, ch.tp, calls, self.hidden)
             bucket, n_buckets = c.buckets[g]
             if (not forward and bucket is not None and plan.overlap_grad_reduce
                     and (zero2 or last_b[local] == i)):
