@@ -26,7 +26,7 @@ from functools import lru_cache
 from importlib import resources
 
 from labsim.cluster import Cluster
-from labsim.collectives.cost import busbw_factor
+from labsim.collectives.bandwidth import busbw_factor
 from labsim.collectives.group import group_of
 from labsim.collectives.nccl import PHYSICS, NcclPhysics, plan_collective
 from labsim.plan import Plan

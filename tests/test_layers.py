@@ -152,3 +152,94 @@ def test_one_stem_per_topic() -> None:
     value-layer package ``collectives`` has no same-named module beside it."""
     root_stems = {p.stem for p in PKG.glob("*.py")}
     assert not root_stems & {p.name for p in PKG.iterdir() if p.is_dir()}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(paths: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the labsim modules it imports, at the top or inside a function (imports
+    under ``if TYPE_CHECKING:`` are annotations only and left out); ``from labsim.x import y``
+    counts as importing ``labsim.x.y`` when that is a module, else ``labsim.x``."""
+    names = {_module_name(p, root): p for p in paths}
+
+    def owner(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for sub in ast.walk(node)}
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    targets.add(owner(full) if full in names else owner(node.module) or "")
+            elif isinstance(node, ast.Import):
+                targets.update(owner(a.name) or "" for a in node.names)
+        graph[name] = {t for t in targets if t and t != name and t.startswith("labsim")}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm), sorted;
+    imports of the package root (``labsim``, which re-exports everything) left aside."""
+    edges = {m: {t for t in ts if t != "labsim"} for m, ts in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A step is built in one direction: no import cycle anywhere in labsim, lazy imports
+    inside functions included (they only hide a cycle from the interpreter)."""
+    assert import_cycles(import_graph(MODULES)) == []
+
+
+def test_the_cycle_finder_sees_a_lazy_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "labsim"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from labsim.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from labsim.a import g\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from labsim.a import g\n")
+    paths = sorted(pkg.glob("*.py"))
+    graph = import_graph(paths, tmp_path)
+    assert import_cycles(graph) == [["labsim.a", "labsim.b"]] and graph["labsim.c"] == set()

@@ -4,19 +4,14 @@
 cluster and NCCL's channel search; ``nccl``: what NCCL's choice physically costs (latency,
 bandwidth, the loads it puts on links); ``schedule``: the textbook algorithms (ring, binomial
 tree, recursive doubling / halving, Rabenseifner, hierarchical, pipelined chain, pairwise) as
-steps of transfers; ``cost``: their alpha-beta closed forms and nccl-tests' busbw;
+steps of transfers; ``cost``: their alpha-beta closed forms; ``bandwidth``: nccl-tests'
+algbw and busbw;
 ``estimate``: the closed-form face on a cluster (``estimate_collective``).
 ``labsim.sim.collectives`` is the simulated face of the same names.
 """
 
-from labsim.collectives.cost import (
-    algbw,
-    busbw,
-    busbw_factor,
-    collective_lower_bound,
-    collective_time,
-    crossover_bytes,
-)
+from labsim.collectives.bandwidth import algbw, busbw, busbw_factor
+from labsim.collectives.cost import collective_lower_bound, collective_time, crossover_bytes
 from labsim.collectives.estimate import CollectiveResult, estimate_collective
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective

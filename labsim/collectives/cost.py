@@ -1,5 +1,6 @@
-"""The textbook closed forms of collective communication (alpha-beta), and nccl-tests'
-bandwidth definitions.
+"""The textbook closed forms of collective communication (alpha-beta); nccl-tests' bandwidth
+definitions (``algbw``, ``busbw``, ``busbw_factor``) are ``labsim.collectives.bandwidth``'s,
+re-exported here.
 
 ``collective_time(op, nbytes, n, link, algorithm)`` is the time for ``n`` ranks, each with a
 port of ``link`` into one non-blocking switch, alpha = ``link.latency_s`` per step and
@@ -34,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from labsim.collectives.bandwidth import algbw, busbw, busbw_factor
 from labsim.collectives.schedule import ALGORITHMS, OPS, PIPELINE_BYTES, normalize
 from labsim.hardware import Link, link
 
@@ -42,28 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ALGORITHMS", "OPS", "algbw", "busbw", "busbw_factor", "collective_lower_bound",
            "collective_time", "crossover_bytes"]
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus-bandwidth factor (``doc/PERFORMANCE.md``): all-reduce 2(n-1)/n;
-    reduce-scatter, all-gather, all-to-all (n-1)/n; broadcast 1.  busbw = algbw x factor is
-    the bandwidth each rank's link sustains, comparable with the hardware's peak."""
-    op, _ = normalize(op, "ring" if op != "alltoall" else "pairwise", max(n, 1), 0)
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("reduce_scatter", "allgather", "alltoall"):
-        return (n - 1) / n
-    return 1.0
-
-
-def algbw(nbytes: float, time_s: float) -> float:
-    """Algorithm bandwidth S / t in bytes/s (nccl-tests); inf for a zero-time operation."""
-    return nbytes / time_s if time_s > 0 else math.inf
-
-
-def busbw(op: str, nbytes: float, n: int, time_s: float) -> float:
-    """Bus bandwidth algbw x ``busbw_factor(op, n)`` in bytes/s (nccl-tests)."""
-    return algbw(nbytes, time_s) * busbw_factor(op, n)
 
 
 def _alpha_beta(lk: Link | str, achieved: bool) -> tuple[float, float]:

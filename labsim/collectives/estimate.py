@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from labsim.cluster import Cluster
-from labsim.collectives.cost import algbw, busbw_factor
+from labsim.collectives.bandwidth import algbw, busbw_factor
 from labsim.collectives.group import group_of
 from labsim.collectives.nccl import NCCL_OPS, CollectiveCost, plan_collective
 from labsim.collectives.schedule import PIPELINE_BYTES, Step, normalize, schedule

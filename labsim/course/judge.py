@@ -3,7 +3,7 @@
 What a graded notebook's collectors leave (``out/check-<i>.json``/``.bin``) is the learner's
 data: decoding it is where a hostile submission can make the grader allocate gigabytes or
 spin for minutes (32 MiB of ``[],[],...`` is 1.6 GB of Python lists).  So the grader never
-decodes it: ``Judge`` runs ``python -m labsim.course.judge`` -- a process of its own that
+decodes it: ``Judge`` runs ``python -m labsim.course.judge_main`` -- a process of its own that
 builds the lab's expectations once (the same ``Expectations`` as the grader, from the same
 lab and extra-checks file) and then, per request, reads one check's results (regular files
 only, size-capped, never following a link), decodes them (``_plain.decode`` with its element
@@ -42,42 +42,6 @@ def verdict_of(spec: Any, cases: list[Any], out_dir: Path, stem: str) -> dict[st
             "message": verdict.message()}
 
 
-def serve(lab: str, extra: str) -> int:
-    """The judging process: build the expectations, then answer one JSON line per request
-    line on stdin (``{"index", "out", "stem"}``) until stdin closes."""
-    import resource
-
-    from labsim.course import grade as gr
-    from labsim.course import rebuild as rb
-
-    released = rb.read_lab(Path(lab))
-    checks = released.checks
-    if extra:
-        checks = checks + rb.read_extra_checks(Path(extra), released).checks
-    exp = gr.Expectations.build(checks)
-    used = _address_space()
-    limit = used + MEMORY_BYTES
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    out = sys.stdout
-    out.write(json.dumps({"ready": len(checks)}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        try:
-            request = json.loads(line)
-            index = int(request["index"])
-            answer = verdict_of(exp.specs[index], exp.cases[index], Path(request["out"]),
-                                str(request["stem"]))
-        except MemoryError:
-            answer = {"unreadable": "its results need more memory than the grader allows"}
-        except RecursionError:
-            answer = {"unreadable": "its results are nested too deeply"}
-        except Exception as exc:  # noqa: BLE001 - one bad request never stops the judge
-            answer = {"unreadable": f"its results could not be judged ({type(exc).__name__})"}
-        out.write(json.dumps(answer) + "\n")
-        out.flush()
-    return 0
-
-
 def _address_space() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -100,7 +64,7 @@ class Judge:
         self.restarts = 0
 
     def _start(self) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "labsim.course.judge", str(self.lab),
+        cmd = [sys.executable, "-m", "labsim.course.judge_main", str(self.lab),
                str(self.extra or "")]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, bufsize=1,
@@ -166,7 +130,3 @@ class Judge:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self._stop()
-
-
-if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""))

@@ -75,7 +75,7 @@ def published_curve(curve: object, *, ax: Axes | None = None) -> Figure:
     """A published nccl-tests curve (``labsim.published.Curve``): measured busbw (dots)
     and the NCCL model's (line, marked with its algorithm/protocol where the choice
     changes) on log axes, with the curve's role (calibration or validation) in the title."""
-    from labsim.collectives.cost import busbw_factor
+    from labsim.collectives.bandwidth import busbw_factor
     from labsim.published import predict_curve
 
     rows = predict_curve(curve)  # type: ignore[arg-type]

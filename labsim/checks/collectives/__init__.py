@@ -31,7 +31,7 @@ NPROCS = 3
 P2P = frozenset({"c10d::send", "c10d::recv_", "c10d::recv_any_source_"})
 FORBID_RING = ("labsim.checks.collectives.reference:*",
                "labsim.experiments.collectives:torch_allreduce")
-FORBID_COST = ("labsim.collectives.cost:*",)
+FORBID_COST = ("labsim.collectives.cost:*", "labsim.collectives.bandwidth:*")
 
 
 @dataclass(frozen=True)
