@@ -9,6 +9,8 @@
     python benchmarks/step.py --agreement 1000 --seed 1   # the held-out sweep
     python benchmarks/step.py --formula 60  # the long-pipeline formulas vs evaluation
     python benchmarks/step.py --sweep      # the fsdp profiles on llm-foundry's whole sweep
+    python benchmarks/step.py --leave-one-stack-out [--write]   # each stack unseen; the
+                                           # error bands StepResult carries
     python benchmarks/step.py --faster     # steps that faster links make slower (property 6)
     python benchmarks/step.py --variants   # models tried against the held-out misses, and
                                            # a bound: ZeRO-3 fitted on every run (~1 min)
@@ -25,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import MappingProxyType
 
 import numpy as np
@@ -144,30 +148,60 @@ def left_out_profile(name: str, stack: str):
     return replace(base, sustained=MappingProxyType(sustained))
 
 
-def leave_one_stack_out() -> None:
-    """Every run of each fitted stack's family predicted with the other stacks' fractions,
-    beside the calibrated profile's error on the same runs (issue: held-out runs from a
-    calibrated stack are not unseen)."""
-    print(f"{'left out':<18} {'run':<46} {'profile':<22} {'calibrated':>10} {'left out':>9}")
-    every: list[float] = []
+def stack_errors() -> list[tuple[str, str, str, float, float]]:
+    """(stack left out, run id, profile, error with the calibrated profile, error with the
+    stack left out) for every run of each fitted stack's family."""
+    rows = []
     for stack, family in FITTED_STACKS.items():
-        errors, seen = [], []
         for run in runs():
             name = run.plan_spec["software"]
-            if name not in family:
-                continue
-            measured = run.measured_step_s()
-            own = predict(run).step_time_s / measured - 1
-            out = predict(run, left_out_profile(name, stack)).step_time_s / measured - 1
-            errors.append(out)
-            seen.append(own)
-            print(f"{stack:<18} {run.id:<46} {name:<22} {own:>+10.1%} {out:>+9.1%}")
-        a, b = [abs(e) for e in errors], [abs(e) for e in seen]
-        every += a
+            if name in family:
+                measured = run.measured_step_s()
+                own = predict(run).step_time_s / measured - 1
+                out = predict(run, left_out_profile(name, stack)).step_time_s / measured - 1
+                rows.append((stack, run.id, name, own, out))
+    return rows
+
+
+def error_bands(rows: list[tuple[str, str, str, float, float]]) -> dict:
+    """``labsim/data/step_bands.json``: each profile's typical (median) and worst |error| on
+    its stack's runs with the stack left out; every other profile (``generic``, a profile of
+    one's own) gets every stack's runs left out in turn."""
+    def band(errors: list[float], basis: str) -> dict:
+        a = [abs(e) for e in errors]
+        return {"typical": round(statistics.median(a), 3), "worst": round(max(a), 3),
+                "runs": len(a), "basis": basis}
+
+    bands = {"*": band([r[4] for r in rows], "every fitted stack left out in turn")}
+    for stack, family in FITTED_STACKS.items():
+        b = band([r[4] for r in rows if r[0] == stack], f"{stack}'s stack, fitted without its runs")
+        bands.update({name: b for name in family})
+    return {"about": "Step-time error bands from `python benchmarks/step.py "
+                     "--leave-one-stack-out --write` (docs/step.md section 3): |predicted / "
+                     "measured - 1| on published runs whose stack the model was not fitted "
+                     "on; typical = median, worst = max.", "profiles": bands}
+
+
+def leave_one_stack_out(write: bool = False) -> None:
+    """Every run of each fitted stack's family predicted with the other stacks' fractions,
+    beside the calibrated profile's error on the same runs (held-out runs from a calibrated
+    stack are not unseen); ``write``: the bands into labsim/data/step_bands.json."""
+    rows = stack_errors()
+    print(f"{'left out':<18} {'run':<46} {'profile':<22} {'calibrated':>10} {'left out':>9}")
+    for stack in FITTED_STACKS:
+        mine = [r for r in rows if r[0] == stack]
+        for _, run_id, name, own, out in mine:
+            print(f"{stack:<18} {run_id:<46} {name:<22} {own:>+10.1%} {out:>+9.1%}")
+        a, b = [abs(r[4]) for r in mine], [abs(r[3]) for r in mine]
         print(f"{stack}: {len(a)} runs; calibrated median {statistics.median(b):.1%} max "
               f"{max(b):.1%}; left out median {statistics.median(a):.1%} max {max(a):.1%}\n")
+    every = [abs(r[4]) for r in rows]
     print(f"every stack left out in turn: {len(every)} runs, median |error| "
           f"{statistics.median(every):.1%}, max {max(every):.1%}")
+    if write:
+        path = Path(labsim.__file__).parent / "data" / "step_bands.json"
+        path.write_text(json.dumps(error_bands(rows), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {path}")
 
 
 def speed_cases() -> list[tuple]:
@@ -666,6 +700,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--leave-one-stack-out", action="store_true",
                         help="each fitted stack's runs with the other stacks' fractions")
+    parser.add_argument("--write", action="store_true",
+                        help="--leave-one-stack-out: write labsim/data/step_bands.json")
     parser.add_argument("--variants", action="store_true")
     parser.add_argument("--faster", type=int, nargs="?", const=300, default=None,
                         help="plans per cluster family whose links get faster")
@@ -688,7 +724,7 @@ def main() -> None:
     elif args.sweep:
         sweep(args.verbose)
     elif args.leave_one_stack_out:
-        leave_one_stack_out()
+        leave_one_stack_out(args.write)
     elif args.faster:
         faster(args.faster, args.seed)
     elif args.variants:

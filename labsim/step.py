@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from labsim import compute
+from labsim.bands import ErrorBand, error_band
 from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
@@ -413,7 +414,8 @@ class _Placer:
 class StepResult:
     """Outcome of ``simulate_step`` or ``estimate_step``.
 
-    step_time_s: one optimizer step; tokens_per_s: global tokens per second;
+    step_time_s: one optimizer step (``band``: how far to trust it); tokens_per_s: global
+        tokens per second;
     model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
     mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
     bubble_fraction: idle fraction of the stages' compute from the step's start to the last
@@ -461,6 +463,13 @@ class StepResult:
                       for s, stream, kind, a, b, label, nbytes in self.spans), detail="op",
                      rank_label="pipeline stage")
 
+    @property
+    def band(self) -> ErrorBand:
+        """How far to trust ``step_time_s``: the median and largest error of published runs
+        of this software's stack predicted with that stack left out of the fit
+        (``labsim.bands``)."""
+        return error_band(self.plan.software)
+
     def __getstate__(self) -> dict:
         """Pickle the spans, not the engine that can build them (to send a result from a
         worker process)."""
@@ -483,13 +492,14 @@ class StepResult:
                    f"{self.gpu_memory_bytes / 1e9:.4g} GB: "
                    + ("fits" if self.fits else "DOES NOT FIT"))
         return (
-            f"StepResult(step {self.step_time_s:.4g} s, {self.tokens_per_s:.4g} tokens/s, "
+            f"StepResult(step {self.step_time_s:.4g} s (typically ±{self.band.typical:.0%}), "
+            f"{self.tokens_per_s:.4g} tokens/s, "
             f"{self.model_flops_per_gpu_s / 1e12:.4g} TFLOP/s/GPU, MFU {self.mfu:.1%}, "
             f"HFU {self.hfu:.1%}, bubble {self.bubble_fraction:.1%}, {mem})"
         )
 
     def _repr_html_(self) -> str:
-        rows = [("step time", f"{self.step_time_s:.4g} s"),
+        rows = [("step time", f"{self.step_time_s:.4g} s, {self.band.describe()}"),
                 ("tokens/s", f"{self.tokens_per_s:,.0f}"),
                 ("model TFLOP/s per GPU", f"{self.model_flops_per_gpu_s / 1e12:.1f}"),
                 ("MFU / HFU", f"{self.mfu:.1%} / {self.hfu:.1%}"),

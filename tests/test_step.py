@@ -1739,3 +1739,33 @@ def test_results_and_profiles_pickle_by_value_for_worker_processes():
         back = pickle.loads(pickle.dumps(r))
         assert back.step_time_s == r.step_time_s and back.breakdown == r.breakdown
         assert len(back.trace) == len(r.trace)
+
+
+def test_the_shipped_error_bands_are_what_leaving_each_stack_out_measures() -> None:
+    """``labsim/data/step_bands.json`` is ``benchmarks/step.py --leave-one-stack-out
+    --write``'s output on today's model: a change to the model that moves an unseen-stack
+    error shows here until the bands are written again."""
+    import json
+
+    from .conftest import ROOT
+
+    bench = load_benchmark("step")
+    shipped = json.loads((ROOT / "labsim" / "data" / "step_bands.json").read_text("utf-8"))
+    assert bench.error_bands(bench.stack_errors()) == shipped
+
+
+def test_every_step_carries_the_band_of_its_stack() -> None:
+    from dataclasses import replace
+
+    from labsim.bands import error_band
+    from labsim.software import profile
+
+    model, cluster = labsim.Transformer.preset("gpt2-350m"), labsim.dgx_a100(1)
+    fsdp = estimate_step(model, cluster, Plan(dp=8, zero_stage=3, software="fsdp"))
+    generic = estimate_step(model, cluster, Plan(dp=8))
+    assert fsdp.band == error_band("fsdp-torch1.13") != generic.band
+    assert generic.band.runs > fsdp.band.runs  # generic: every stack's runs, each left out
+    assert error_band(replace(profile("fsdp"), dp_nccl_algo="ring")) == fsdp.band
+    low, high = fsdp.band.range_s(fsdp.step_time_s)
+    assert low < fsdp.step_time_s < high and f"±{fsdp.band.typical:.0%}" in repr(fsdp)
+    assert "up to ±" in fsdp.band.describe() and "published runs" in fsdp.band.describe()

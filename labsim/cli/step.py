@@ -148,6 +148,7 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
             ("loss", p.account_for_loss_in_pipeline_split)) if counted)),
         f"step     {result.step_time_s:.4g} s   {result.tokens_per_s:,.0f} tokens/s   "
         f"{result.model_flops_per_gpu_s / 1e12:.1f} TFLOP/s per GPU",
+        f"trust    {result.band.describe()}",
         f"MFU      {result.mfu:.1%}   HFU {result.hfu:.1%}   pipeline bubble "
         f"{result.bubble_fraction:.1%}",
         f"memory   {fmt_bytes(m.total)} per GPU (first stage) of "
