@@ -30,6 +30,7 @@ def test_table_and_full_ranking(tmp_path: Path, capsys: pytest.CaptureFixture) -
     text = capsys.readouterr().out
     lines = [ln for ln in text.splitlines() if ln[:3].strip().isdigit()]
     assert len(lines) == 3 and "sim" in lines[0] and "$" in lines[0]
+    assert "trust    step times typically ±" in text and "published runs" in text
     rows = list(csv.DictReader(out.open(encoding="utf-8")))
     fit = int(text.split(" fit;")[0].rsplit(",", 1)[-1].split()[-1].replace(",", ""))
     assert len(rows) == fit > 3

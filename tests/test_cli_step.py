@@ -15,7 +15,7 @@ def test_example_configs(name, tmp_path, capsys):
     out = tmp_path / "trace.json"
     assert main(["simulate", str(CONFIGS / name), "--trace", str(out)]) == 0
     text = capsys.readouterr().out
-    for word in ("step", "MFU", "memory", "fits", "stage 0"):
+    for word in ("step", "MFU", "memory", "fits", "stage 0", "trust    typically ±"):
         assert word in text
     doc = json.loads(out.read_text())
     assert any(e.get("cat") == "forward" for e in doc["traceEvents"])

@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                          "a smaller micro-batch")
     costs = [_costs(model, cluster, budget, r) for r in result.ranked]
     print(table(result, args.top, costs))
+    print(f"trust    step times {result.ranked[0].result.band.describe()}")
     rows = [row | cost for row, cost in zip(result.rows(), costs)]
     write_atomic(csv_path, to_csv(rows))
     print(f"ranking  {len(rows):,} plans written to {csv_path}")
