@@ -10,6 +10,7 @@ and measures what each rank holds (``labsim.lab.memory``) and what its collectiv
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +109,11 @@ def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
                 opt.step()
         params = list(model.parameters())
         grad_tensors = [p.grad for p in params if p.grad is not None]
-        state = (created.held_bytes(exclude=params + grad_tensors) if name == "ZeRO-1"
-                 else optimizer_state_bytes(opt))
+        if name == "ZeRO-1":
+            gc.collect()  # a step's buffers caught in a reference cycle are not state
+            state = created.held_bytes(exclude=params + grad_tensors)
+        else:
+            state = optimizer_state_bytes(opt)
         by_kind: dict[str, int] = {}
         for op in rec.comms:
             if op.kind in _RING:
