@@ -40,11 +40,11 @@ import numpy as np
 
 import labsim
 from labsim import pipeline, software
-from labsim import step as labsim_step
 from labsim.collectives.nccl import clear_cache
 from labsim.plan import Plan
 from labsim.published import runs, sweep_runs
 from labsim.sim.step import simulate_step
+from labsim.step import closed_form as labsim_step
 
 
 def predict(run, prof=None):

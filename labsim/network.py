@@ -17,7 +17,7 @@ gets ``min(cap, min over pipes of capacity / load)`` -- which is why a collectiv
 ``collective_flow`` lays a collective's loads on the pipes of a whole cluster (every member
 GPU's port, every NIC the group uses) for ``labsim.simulate_collective``; ``FoldedNetwork``
 lays a training step's collectives on the pipes of one representative GPU per pipeline stage
-(``labsim.step``).
+(``labsim.step.costs``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every module of the package belongs to exactly one layer (``docs/architecture.md``):
 
-* values: the modules at the package root and the ``collectives`` package (numbers, closed
-  forms, plain data; no torch, simpy, matplotlib or ipywidgets);
+* values: the modules at the package root and the ``collectives`` and ``step`` packages
+  (numbers, closed forms, plain data; no torch, simpy, matplotlib or ipywidgets);
 * sim: ``sim/`` (simpy);  presentation: ``plots/`` (matplotlib), ``widgets/`` (ipywidgets);
 * beside them, for the real exercises: ``lab/`` (infrastructure), ``parallel/`` (the
   torch.distributed reference code), ``experiments/`` (measurements a lab shows), ``checks/``
@@ -24,7 +24,7 @@ import pytest
 from .conftest import ROOT
 
 PKG = ROOT / "labsim"
-VALUE_PACKAGES = {"collectives"}
+VALUE_PACKAGES = {"collectives", "step"}
 SUBPACKAGES = {"sim", "plots", "widgets", "lab", "parallel", "experiments", "checks", "course",
                "cli"}
 ALLOWED: dict[str, set[str]] = {  # labsim layers each layer may import
@@ -243,3 +243,15 @@ def test_the_cycle_finder_sees_a_lazy_cycle(tmp_path: Path) -> None:
     paths = sorted(pkg.glob("*.py"))
     graph = import_graph(paths, tmp_path)
     assert import_cycles(graph) == [["labsim.a", "labsim.b"]] and graph["labsim.c"] == set()
+
+
+MAX_LINES = 500
+
+
+def test_the_value_and_simulation_modules_stay_small() -> None:
+    """Every module of the values and simulation layers (the step's whole line, from the
+    model to its time) reads in one sitting: at most ``MAX_LINES`` lines."""
+    long = {str(p.relative_to(ROOT)): n for p in MODULES
+            if layer_of(p) in ("values", "sim", "api")
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert long == {}

@@ -18,7 +18,7 @@ from labsim.published import SYSTEMS, runs
 from labsim.sim.step import simulate_step
 from labsim.software import PROFILES
 from labsim.step import estimate_step, step_costs, zero3_gathers
-from labsim.uncontended import _contended, alone_schedule
+from labsim.step.alone import _contended, alone_schedule
 
 from .conftest import links_times, load_benchmark
 
@@ -158,7 +158,7 @@ def test_deepspeed_2021_gathers_wait_for_the_gradient_reductions_in_flight():
 def test_the_closed_form_prices_deepspeeds_waiting_gathers_as_the_engine_does():
     # the published DeepSpeed runs are too long to replay: the closed form prices them, and
     # its synchronising branch must agree with the engine (measured: within 0.1 %)
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     for run in runs():
         if run.plan_spec["software"] != "deepspeed-zero3-2021":
@@ -292,7 +292,7 @@ def test_a_tied_embedding_is_all_reduced_between_the_first_and_last_stage(monkey
     the tied embedding's gradient (``vocab x h / tp`` elements, in the gradients' precision)
     with its counterpart, blocking.  Both faces add exactly its time alone on the two-node
     pair; an untied model, or one stage, has none."""
-    import labsim.step as step_module
+    import labsim.step.costs as step_module
 
     tied, cluster = replace(MID, tied_embeddings=True), labsim.dgx_a100(4)
     plan = Plan(dp=2, tp=4, pp=4, micro_batch=1, global_batch=8,
@@ -671,13 +671,13 @@ def test_the_closed_form_on_interleaved_rounds_that_wait_for_their_sends(
     embedding's buckets under the compute and came out fast by 5.5, 3.6, 2.1 and 1.2 % at
     these m; now +2.1, +1.3, +0.7, +0.4 % with DDP's 25 MiB buckets (+0.8, +0.5, +0.3, +0.2 %
     with 25 MB ones: the last bucket's tail is where the formulas are coarse)."""
-    import labsim.step
+    import labsim.step.closed_form
 
     model, cluster, plan = _slow_sends_plan(microbatches)
     sim = simulate_step(model, cluster, plan, memory=False).step_time_s
     est = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert abs(est / sim - 1) < 0.01
-    monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 0)  # the formulas instead
+    monkeypatch.setattr(labsim.step.closed_form, "SCHEDULE_OPS", 0)  # the formulas instead
     formula = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert 0 < formula / sim - 1 < 0.025
 
@@ -697,12 +697,13 @@ def test_a_long_schedule_is_a_short_one_extended_at_its_pace(case):
     # interleaved 1F1B, with no send longer than an op, the slowest stage's; the closed form
     # evaluates p micro-batches and extends them at that pace.  GPipe's pace and ZeRO-2's
     # (buckets every micro-batch) come from p and 2 p micro-batches, extended in a line.
-    import labsim.step
-    from labsim.step import _evaluated_schedule, _stage_paces
+    import labsim.step.closed_form
+    from labsim.step.closed_form import _evaluated_schedule, _stage_paces
 
     model, cluster, plan = case
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
-    assert 2 * p * v * m > labsim.step.SCHEDULE_OPS >= 6 * p * p * v  # not evaluated whole
+    # not evaluated whole
+    assert 2 * p * v * m > labsim.step.closed_form.SCHEDULE_OPS >= 6 * p * p * v
     c = step_costs(model, cluster, plan)
     # one run at the slowest stage's pace: the 1F1B case; the interleaved one's sends between
     # boxes are longer than a forward (``_slow_sends_plan``), so it takes two runs too
@@ -723,8 +724,8 @@ def test_a_send_longer_than_an_op_leaves_the_pace_to_two_runs():
     schedule's ends to 1e-9; the slowest stage's pace from one run would be 6.8 % fast.  On a
     2,048-wide model the sends are shorter than every op and one run at that pace is the
     whole schedule's ends within 0.01 %."""
-    from labsim.step import _evaluated_schedule, _stage_paces
-    from labsim.uncontended import op_time as _op_time
+    from labsim.step.alone import op_time as _op_time
+    from labsim.step.closed_form import _evaluated_schedule, _stage_paces
 
     tiny = labsim.Transformer(layers=16, hidden=256, heads=4, seq_len=512, vocab=32000)
     for model, within in ((tiny, 1e-9), (MID, 1e-4)):
@@ -794,13 +795,13 @@ def test_a_long_grouped_schedule_is_one_and_two_groups_extended_in_a_line(microb
     """Past the evaluation budget a grouped schedule is evaluated at one and two groups, each
     with the last group's rest (60 = 7 x 8 + 4: 12 and 20 micro-batches), and extended: the
     same ends as the whole schedule evaluated op by op."""
-    import labsim.step
-    from labsim.step import _evaluated_schedule
+    import labsim.step.closed_form
+    from labsim.step.closed_form import _evaluated_schedule
 
     plan = Plan(dp=2, tp=2, pp=4, schedule="interleaved", virtual_stages=2,
                 global_batch=2 * microbatches, microbatch_group=group,
                 software="megatron-core-te")
-    assert 2 * 4 * 2 * microbatches > labsim.step.SCHEDULE_OPS  # the line is used
+    assert 2 * 4 * 2 * microbatches > labsim.step.closed_form.SCHEDULE_OPS  # the line is used
     c = step_costs(MID, labsim.dgx_h100(2), plan)
     run = alone_schedule(c, make_schedule("interleaved", 4, microbatches, 2, group),
                          trace=False)
@@ -815,18 +816,18 @@ def test_the_formula_hides_a_rounds_sends_behind_a_larger_group(monkeypatch):
     chunk-ops to run while micro-batch 0 crosses the stages, so the fill and drain wait for
     fewer sends.  The formulas price that: within 1 % of the same schedule evaluated op by
     op, where charging every round's sends made them 3.6 % slow."""
-    import labsim.step
+    import labsim.step.closed_form
 
     model = labsim.Transformer(layers=96, hidden=2048, heads=16, seq_len=2048, vocab=32000)
     cluster = labsim.dgx_a100(8)
     plan = Plan(dp=2, tp=4, pp=8, micro_batch=2, global_batch=64, schedule="interleaved",
                 virtual_stages=6, software="megatron-core-te")
-    assert 2 * 8 * 6 * plan.microbatches > labsim.step.SCHEDULE_OPS  # the formulas
+    assert 2 * 8 * 6 * plan.microbatches > labsim.step.closed_form.SCHEDULE_OPS  # the formulas
     times = {}
     for group in (None, 16):
         grouped = replace(plan, microbatch_group=group)
         formula = estimate_step(model, cluster, grouped, memory=False).step_time_s
-        monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 9)
+        monkeypatch.setattr(labsim.step.closed_form, "SCHEDULE_OPS", 10 ** 9)
         evaluated = estimate_step(model, cluster, grouped, memory=False).step_time_s
         monkeypatch.undo()
         assert formula == pytest.approx(evaluated, rel=0.01)
@@ -843,7 +844,7 @@ def test_the_formula_paces_a_long_groups_runs_by_the_slowest_stage(monkeypatch):
     the embedding and loss counted as layers (46 + 2 on 8 stages of 3 chunks) the forwards
     of the first as well.  Within 1 % of the same schedules evaluated op by op at N = p, 16
     and 32, where the formulas without these runs were 2.3 and 4.4 % fast at N = 32."""
-    import labsim.step
+    import labsim.step.closed_form
 
     cluster = labsim.pcie_box(4, nics_per_node=2)
     for layers, v, options in ((48, 2, {}), (46, 3, {"account_for_embedding_in_pipeline_split":
@@ -855,9 +856,10 @@ def test_the_formula_paces_a_long_groups_runs_by_the_slowest_stage(monkeypatch):
             plan = Plan(dp=4, pp=8, micro_batch=1, global_batch=128, schedule="interleaved",
                         virtual_stages=v, software="megatron-lm-2021", microbatch_group=group,
                         **options)
-            assert 2 * 8 * v * plan.microbatches > labsim.step.SCHEDULE_OPS  # the formulas
+            # the formulas
+            assert 2 * 8 * v * plan.microbatches > labsim.step.closed_form.SCHEDULE_OPS
             formula = estimate_step(model, cluster, plan, memory=False).step_time_s
-            monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 9)
+            monkeypatch.setattr(labsim.step.closed_form, "SCHEDULE_OPS", 10 ** 9)
             evaluated = estimate_step(model, cluster, plan, memory=False).step_time_s
             monkeypatch.undo()
             assert formula == pytest.approx(evaluated, rel=0.01)
@@ -882,11 +884,11 @@ def test_the_formula_waits_for_a_send_at_every_chunk_boundary(monkeypatch):
     # Nemotron-4 340B as NVIDIA ran it (TP8 PP8 v12, 16 micro-batches): 3,072 ops, past the
     # evaluation budget; each of the interleaved fill's 12 rounds waits for 8 sends, which
     # with only the first round's sends counted leaves the formula 2.4 % fast
-    import labsim.step
+    import labsim.step.closed_form
 
     run = next(r for r in runs() if r.id == "dgxc2411_nemotron4_340b_bf16_128gpu")
     formula = estimate_step(run.model, run.cluster, run.plan, memory=False).step_time_s
-    monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 6)
+    monkeypatch.setattr(labsim.step.closed_form, "SCHEDULE_OPS", 10 ** 6)
     evaluated = estimate_step(run.model, run.cluster, run.plan, memory=False).step_time_s
     assert formula == pytest.approx(evaluated, rel=0.01)
 
@@ -897,27 +899,27 @@ def test_the_formula_slows_each_stages_last_backward_by_its_buckets_beside_tp(mo
     last backward's TP bytes, and each chunk's backward carries each stage's delay down to
     stage 0 (10.4 % fast against the evaluated schedule when the formula priced every TP
     collective alone, 7.1 % with the last chunk's delays only)."""
-    import labsim.step
+    import labsim.step.closed_form
 
     model = labsim.Transformer(layers=96, hidden=2048, heads=16, seq_len=2048, vocab=32000)
     cluster = labsim.pcie_box(16, nics_per_node=2)
     plan = Plan(dp=2, tp=4, pp=16, micro_batch=2, global_batch=64, schedule="interleaved",
                 virtual_stages=2, recompute="selective", software="megatron-core-te",
                 tp_comm_overlap=True)
-    assert labsim.step._evaluated_schedule(step_costs(model, cluster, plan)) is None
+    assert labsim.step.closed_form._evaluated_schedule(step_costs(model, cluster, plan)) is None
     # Megatron-Core's group of p: its stage 0 too runs every forward first (its warm-up of
     # 2 (p - 1) + (v - 1) p forwards takes all m v = 32), and the formula says so
     grouped = replace(plan, microbatch_group=16)
     formulas = [estimate_step(model, cluster, x, memory=False).step_time_s
                 for x in (plan, grouped)]
-    monkeypatch.setattr(labsim.step, "SCHEDULE_OPS", 10 ** 6)
+    monkeypatch.setattr(labsim.step.closed_form, "SCHEDULE_OPS", 10 ** 6)
     for formula, x in zip(formulas, (plan, grouped)):
         evaluated = estimate_step(model, cluster, x, memory=False).step_time_s
         assert -0.03 < formula / evaluated - 1 < 0
 
 
 def test_a_pipeline_too_long_to_evaluate_gets_the_formula():
-    from labsim.step import _evaluated_schedule
+    from labsim.step.closed_form import _evaluated_schedule
 
     plan = Plan(dp=1, pp=16, micro_batch=1, global_batch=64)
     assert _evaluated_schedule(step_costs(MID, labsim.dgx_a100(2), plan)) is None
@@ -951,8 +953,10 @@ ZERO3_CASES = {
 
 @pytest.mark.parametrize("case", ZERO3_CASES)
 def test_the_closed_form_replays_zero3_as_the_engine_runs_it(case, monkeypatch):
-    import labsim.step
-    import labsim.uncontended
+    import labsim.step.alone
+    import labsim.step.beside
+    import labsim.step.closed_form
+    import labsim.step.zero3_fluid
 
     model, cluster, plan = ZERO3_CASES[case]
     sim = simulate_step(model, cluster, plan, memory=False)
@@ -960,7 +964,8 @@ def test_the_closed_form_replays_zero3_as_the_engine_runs_it(case, monkeypatch):
     assert est.step_time_s == pytest.approx(sim.step_time_s, rel=1e-9)
     assert est.bubble_fraction == pytest.approx(sim.bubble_fraction, abs=1e-9)
     if case.endswith("bytes-bound"):  # the streams' sharing is what makes it exact
-        monkeypatch.setattr(labsim.uncontended, "shared_growth", lambda a, b, cap: (0.0, 0.0))
+        for module in (labsim.step.alone, labsim.step.zero3_fluid):
+            monkeypatch.setattr(module, "shared_growth", lambda a, b, cap: (0.0, 0.0))
         alone = estimate_step(model, cluster, plan, memory=False).step_time_s
         assert alone / sim.step_time_s - 1 < -0.15
 
@@ -969,7 +974,9 @@ def test_the_closed_form_replays_zero3_as_the_engine_runs_it(case, monkeypatch):
 def test_the_zero3_replay_moves_tp_collectives_beside_the_streams(software, monkeypatch):
     # two PCIe boxes: each layer's TP collectives share the GPU's port with the gathers and
     # reductions, blocking (generic) or with a hidden share beside the compute (Megatron-Core)
-    import labsim.uncontended
+    import labsim.step.alone
+    import labsim.step.beside
+    import labsim.step.zero3_fluid
 
     cluster = labsim.pcie_box(2, nics_per_node=2)
     plan = Plan(dp=8, tp=2, micro_batch=1, global_batch=32, zero_stage=3, software=software)
@@ -977,13 +984,13 @@ def test_the_zero3_replay_moves_tp_collectives_beside_the_streams(software, monk
     assert estimate_step(MID, cluster, plan, memory=False).step_time_s == pytest.approx(
         sim, rel=1e-9)
     # the TP collectives priced alone inside the compute: 9.7 % and 9.2 % short
-    monkeypatch.setattr(labsim.uncontended, "zero3_tp_flows", lambda c: 0)
+    monkeypatch.setattr(labsim.step.zero3_fluid, "zero3_tp_flows", lambda c: 0)
     assert estimate_step(MID, cluster, plan, memory=False).step_time_s / sim - 1 < -0.05
 
 
 def test_a_zero3_replay_with_tp_beside_the_streams_has_its_own_budget():
-    from labsim.step import ZERO3_TP_FLOWS, _evaluated_zero3
-    from labsim.uncontended import zero3_tp_flows
+    from labsim.step.closed_form import ZERO3_TP_FLOWS, _evaluated_zero3
+    from labsim.step.zero3_fluid import zero3_tp_flows
 
     # TP 2, blocking, 1F1B: the replay moves one backward (layers gathered, layers reduced,
     # the embedding's reduction, a TP flow a layer) and two forwards (layers + 1 gathers, a
@@ -1017,7 +1024,7 @@ def test_zero3_beyond_the_replay_prices_tp_bytes_beside_the_streams(nodes, dp, t
     long at the rates beside the gather stream alone), the first to start moving alone until
     the other starts (the last: 2.2 % short when both started after the first latency) and,
     where TP ends last, after its last share's latency (the fifth: 1.6 % short without)."""
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     model, cluster = labsim.Transformer.preset("llama2-7b"), labsim.pcie_box(nodes,
                                                                               nics_per_node=2)
@@ -1035,7 +1042,7 @@ def test_zero3_gathers_that_synchronise_price_tp_bytes_beside_the_reduces_in_fli
     nothing (every parameter kept within the reuse distance), so each layer computes beside
     the reduces in flight, and its TP bytes and the reduce stream slow each other on the
     shared ports (5.3 % short when the reduce stream ran alone)."""
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     model = labsim.Transformer(layers=16, hidden=2048, heads=16, seq_len=2048, vocab=32000)
     cluster = labsim.pcie_box(1, nics_per_node=2)
@@ -1063,7 +1070,7 @@ def test_zero3_beyond_the_replay_with_two_gathers_ahead_hides_the_streams_latenc
     passes while the other moves bytes (a layer's communication the slower of either stream
     alone and their bytes together: within 1 %; with one gather ahead's rule, 2.9 % and
     3.4 % long)."""
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     model = labsim.Transformer(layers=96, hidden=2048, heads=16, seq_len=2048, vocab=32000)
     cluster = labsim.pcie_box(2, nics_per_node=2)
@@ -1082,7 +1089,7 @@ def test_the_zero3_replay_with_its_memo_is_the_replay_of_every_op_on_random_step
     import random
 
     from labsim.pipeline import make_schedule
-    from labsim.uncontended import zero3_fluid
+    from labsim.step.zero3_fluid import zero3_fluid
 
     rng = random.Random(7)
     clusters = [labsim.pcie_box(1), labsim.pcie_box(2, nics_per_node=2), labsim.dgx_a100(1),
@@ -1119,8 +1126,8 @@ def test_the_zero3_replay_takes_ops_that_start_alike_from_the_first(case):
     the memo, the replay gives what replaying every op gives, and the GPipe line through two
     and four micro-batches (the two taken from the four) too."""
     from labsim.pipeline import make_schedule
-    from labsim.step import _evaluated_zero3, _line
-    from labsim.uncontended import zero3_fluid
+    from labsim.step.closed_form import _evaluated_zero3, _line
+    from labsim.step.zero3_fluid import zero3_fluid
 
     tp, software = (2, "megatron-core-te") if "TP" in case else (1, "fsdp")
     schedule = "gpipe" if case.startswith("GPipe") else "1f1b"
@@ -1147,8 +1154,8 @@ def test_the_zero3_replay_takes_ops_that_start_alike_from_the_first(case):
 
 def test_zero3_micro_batches_after_the_second_repeat_the_second():
     from labsim.pipeline import make_schedule
-    from labsim.step import _evaluated_zero3
-    from labsim.uncontended import zero3_fluid
+    from labsim.step.closed_form import _evaluated_zero3
+    from labsim.step.zero3_fluid import zero3_fluid
 
     model, cluster, plan = ZERO3_CASES["fsdp-like, PCIe, bytes-bound"]
     plan = replace(plan, global_batch=32 * 16)
@@ -1160,8 +1167,8 @@ def test_zero3_micro_batches_after_the_second_repeat_the_second():
 
 def test_gpipe_zero3_micro_batches_follow_the_line_through_two_and_four():
     from labsim.pipeline import make_schedule
-    from labsim.step import _evaluated_zero3
-    from labsim.uncontended import zero3_fluid
+    from labsim.step.closed_form import _evaluated_zero3
+    from labsim.step.zero3_fluid import zero3_fluid
 
     plan = Plan(dp=8, micro_batch=1, global_batch=8 * 12, zero_stage=3, schedule="gpipe")
     c = step_costs(SMALL, labsim.pcie_box(1), plan)
@@ -1172,7 +1179,7 @@ def test_gpipe_zero3_micro_batches_follow_the_line_through_two_and_four():
 
 
 def test_a_zero3_step_too_long_to_replay_gets_the_formula():
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     model, cluster, plan = ZERO3_CASES["DeepSpeed 2021, no prefetch"]
     c = step_costs(labsim.Transformer.preset("gpt2-1.5b"), cluster, plan)
@@ -1411,7 +1418,7 @@ def test_shared_growth_is_what_fair_sharing_takes_from_each_flow():
 
 
 def test_two_flows_together_take_between_the_longer_and_the_sum():
-    from labsim.step import _together
+    from labsim.step.closed_form import _together
 
     assert _together(2.0, 3.0, 1.0, 1.0) == pytest.approx(5.0)  # one pipe, work conserved
     assert _together(2.0, 3.0, 0.0, 0.0) == pytest.approx(3.0)  # no pipe shared
@@ -1420,7 +1427,7 @@ def test_two_flows_together_take_between_the_longer_and_the_sum():
 
 
 def test_gathers_beside_a_reduce_slow_only_while_both_move():
-    from labsim.step import _gathers_beside
+    from labsim.step.closed_form import _gathers_beside
 
     alone = 3 * (0.5 + 1.0)
     assert _gathers_beside(3, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0) == pytest.approx(alone)
@@ -1438,12 +1445,12 @@ def _beside(start: float, work: float, hidden: float, tp_latency: float, tp_movi
             g_dp: float) -> tuple[float, float]:
     """An op's end and its stage's bucket stream's end: buckets of ``latency`` and ``tau``
     s alone, ready at ``ready``, on a stream free at ``free``, beside the op's TP bytes."""
-    from labsim.uncontended import _beside_stream, _Stream
+    from labsim.step.beside import BucketStream, beside_stream
 
-    st = _Stream()
+    st = BucketStream()
     st.t, st.free = start, free
     st.jobs.extend((r, latency, tau, g_tp, g_dp) for r in ready)
-    return _beside_stream(st, start, work, hidden, tp_latency, tp_moving), st.end()
+    return beside_stream(st, start, work, hidden, tp_latency, tp_moving), st.end()
 
 
 def test_tp_bytes_and_buckets_move_as_two_fluids():
@@ -1464,12 +1471,12 @@ def test_tp_bytes_and_buckets_move_as_two_fluids():
     # a bucket from before the op (2 s alone from -0.5 s), still moving when the op's TP
     # bytes start at 1 s: half rate each while both move (its last 0.5 s takes 1-2 s), then
     # the TP bytes' last 0.5 s alone
-    from labsim.uncontended import _beside_stream, _Stream
+    from labsim.step.beside import BucketStream, beside_stream
 
-    st = _Stream()
+    st = BucketStream()
     st.t = st.free = -0.5
     st.jobs.append((-0.5, 0.0, 2.0, 1.0, 1.0))
-    assert _beside_stream(st, 0.0, 1.0, 0.0, 0.0, 1.0) == pytest.approx(2.5)
+    assert beside_stream(st, 0.0, 1.0, 0.0, 0.0, 1.0) == pytest.approx(2.5)
     assert st.end() == pytest.approx(2.0) and not st.jobs
 
 
@@ -1489,14 +1496,16 @@ def test_later_ops_tp_bytes_meet_the_buckets_still_moving(case, monkeypatch):
     # two PCIe boxes, a port for TP and buckets alike: the closed form carries each stage's
     # bucket stream from op to op, so the TP bytes of any op share the port with the
     # buckets still queued or moving, as in the event engine
-    import labsim.uncontended
+    import labsim.step.alone
+    import labsim.step.beside
+    import labsim.step.zero3_fluid
 
     cluster, plan = labsim.pcie_box(2, nics_per_node=2), LATER_TP_BESIDE_BUCKETS[case]
     sim = simulate_step(MID, cluster, plan, memory=False).step_time_s
     assert estimate_step(MID, cluster, plan, memory=False).step_time_s == pytest.approx(
         sim, rel=1e-9)
     # an op's TP bytes beside its own buckets only: 2.5 % (interleaved), 7.9 % (ZeRO-2) short
-    monkeypatch.setattr(labsim.uncontended._Stream, "shares", lambda self: False)
+    monkeypatch.setattr(labsim.step.beside.BucketStream, "shares", lambda self: False)
     alone = estimate_step(MID, cluster, plan, memory=False).step_time_s
     assert alone / sim - 1 < -0.02
 
@@ -1505,9 +1514,11 @@ def test_alike_backwards_beside_their_buckets_are_priced_once_and_shifted(monkey
     # a backward op's TP bytes beside its buckets are priced from 0 and shifted to the op's
     # start, once per kind of op, when the bucket stream is idle by the op's first bucket;
     # an op that finds buckets still queued or moving is priced beside them, on the stream
-    import labsim.uncontended
+    import labsim.step.alone
+    import labsim.step.beside
+    import labsim.step.zero3_fluid
 
-    real, calls = labsim.uncontended._beside_stream, []
+    real, calls = labsim.step.beside.beside_stream, []
 
     def record(st, start, *args):
         before = (st.t, st.free, list(st.jobs), st.at, st.left)
@@ -1515,7 +1526,8 @@ def test_alike_backwards_beside_their_buckets_are_priced_once_and_shifted(monkey
         calls.append((start, args, before, end))
         return end
 
-    monkeypatch.setattr(labsim.uncontended, "_beside_stream", record)
+    for module in (labsim.step.alone, labsim.step.beside):
+        monkeypatch.setattr(module, "beside_stream", record)
     cluster = labsim.pcie_box(2, nics_per_node=2)
     # eight interleaved chunks on four stages, the middle ones alike: far fewer pricings
     # from 0 than the eight last backwards that meet their buckets
@@ -1532,7 +1544,7 @@ def test_alike_backwards_beside_their_buckets_are_priced_once_and_shifted(monkey
     assert calls[0][0] == 0.0 and len(calls) > 4
     assert all(c[0] > 0 and c[2][2] for c in calls[1:])  # on the stream, buckets queued
     start, args, (t, free, jobs, at, left), end = calls[0]
-    shifted = labsim.uncontended._Stream()  # the same meeting 0.7 s later, priced there
+    shifted = labsim.step.beside.BucketStream()  # the same meeting 0.7 s later, priced there
     shifted.t, shifted.free = t + 0.7, free + 0.7
     shifted.jobs.extend((r + 0.7, *rest) for r, *rest in jobs)
     assert real(shifted, 0.7, *args) == pytest.approx(end + 0.7, rel=1e-12)
@@ -1542,13 +1554,16 @@ def test_alike_backwards_beside_their_buckets_are_priced_once_and_shifted(monkey
 def test_the_closed_form_prices_streams_that_share_pipes(case, monkeypatch):
     # with the flows' fair shares the closed form is within 2.5 % of the event engine (TP
     # beside buckets: 0.1 %, the two fluids exactly); with every flow alone 8-13 % off
-    import labsim.step
-    import labsim.uncontended
+    import labsim.step.alone
+    import labsim.step.beside
+    import labsim.step.closed_form
+    import labsim.step.zero3_fluid
 
     model, cluster, plan = case()
     sim = simulate_step(model, cluster, plan, memory=False).step_time_s
     est = estimate_step(model, cluster, plan, memory=False).step_time_s
-    for module in (labsim.step, labsim.uncontended):  # every flow at its rate alone
+    # every flow at its rate alone
+    for module in (labsim.step.closed_form, labsim.step.alone, labsim.step.zero3_fluid):
         monkeypatch.setattr(module, "shared_growth", lambda a, b, capacity: (0.0, 0.0))
     alone = estimate_step(model, cluster, plan, memory=False).step_time_s
     assert abs(alone / sim - 1) > 0.07
@@ -1586,7 +1601,7 @@ def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_r
     1.0 %; 96.5 %, max 5.3 %, with TP beside one stream at a time, no latencies and
     DeepSpeed's reduce stream alone; 94.5 %, max 11 %, when they priced TP alone; 71.5 % when
     the replay did too)."""
-    from labsim.step import _evaluated_zero3
+    from labsim.step.closed_form import _evaluated_zero3
 
     bench = load_benchmark("step")
     errors, replayed = [], 0

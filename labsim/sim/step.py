@@ -48,7 +48,7 @@ from labsim.pipeline import make_schedule, max_in_flight
 from labsim.plan import Plan
 from labsim.sim.network import Network
 from labsim.step import StepCosts, StepResult, result_from, step_costs
-from labsim.uncontended import alone_schedule, op_time
+from labsim.step.alone import alone_schedule, op_time
 from labsim.workload import Transformer
 
 MAX_OPS = 2_000_000  # pipeline ops (2 pp m v): beyond, a simulation takes minutes
