@@ -19,7 +19,8 @@ from labsim.cost import (
 from labsim.hardware import GPUS
 
 TDP = {"V100-32GB": 300, "A100-40GB": 400, "A100-80GB": 400, "H100-SXM": 700,
-       "H100-PCIe": 350, "H200": 700, "MI250X": 560, "RTX-4090": 450, "A6000": 300}
+       "H100-PCIe": 350, "H200": 700, "MI250X": 560, "RTX-4090": 450, "A6000": 300,
+       "H100-SXM-HBM2e": 500, "H100-NVL": 400, "H800": 700, "B200": 1000}
 
 
 def test_every_gpu_has_a_board_power_with_its_source() -> None:

@@ -85,3 +85,52 @@ def test_catalog_is_read_only() -> None:
         GPUS["x"] = None  # type: ignore[index]
     with pytest.raises(TypeError):
         labsim.gpu("H200").peak_flops["bf16"] = 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "name, bf16, fp8, memory, bandwidth, tdp",
+    [
+        # torchtitan docs: 96GB HBM2e, 2.4 TB/s, 500 W cap; peak unpublished: SXM's kept
+        ("H100-SXM-HBM2e", 989.4 * T, 1978.9 * T, 96 * G, 2.4e12, 500),
+        # H100 datasheet, NVL: 1,671 / 3,341 TFLOPS with sparsity, 94 GB, 3.9 TB/s, 350-400 W
+        ("H100-NVL", 835.5 * T, 1670.5 * T, 94 * G, 3.9e12, 400),
+        # H800 datasheet (SXM): H100 SXM's tensor peaks, 80 GB HBM3, 3.35 TB/s, 700 W
+        ("H800", 989.4 * T, 1978.9 * T, 80 * G, 3.35e12, 700),
+        # HGX B200: 4.5 / 9 PFLOPS with sparsity, 180 GB and 8 TB/s a GPU, 1,000 W
+        ("B200", 2250 * T, 4500 * T, 180 * G, 8e12, 1000),
+    ],
+)
+def test_new_variants_dense_and_sourced(name: str, bf16: float, fp8: float, memory: float,
+                                        bandwidth: float, tdp: float) -> None:
+    chip = labsim.gpu(name)
+    assert chip.peak("bf16") == pytest.approx(bf16)
+    assert chip.peak("fp8") == pytest.approx(fp8)
+    assert chip.peak("fp8") == pytest.approx(2 * chip.peak("bf16"), rel=1e-3)
+    assert chip.memory_bytes == memory
+    assert chip.memory_bandwidth_Bps == pytest.approx(bandwidth)
+    assert chip.tdp_W == tdp
+    assert chip.source and chip.tdp_source
+
+
+def test_new_variants_not_sparse_and_classed() -> None:
+    # the sheets' headline figures are with 2:4 sparsity; the catalog keeps half of them
+    assert labsim.gpu("B200").peak("bf16") < 4000 * T
+    assert labsim.gpu("H100-NVL").peak("bf16") < 1000 * T
+    assert labsim.gpu("H800").peak("fp64") == 1 * T  # H800's FP64 cut
+    assert labsim.gpu("B200").arch == "blackwell"
+    for name in ("H100-SXM-HBM2e", "H100-NVL", "H800"):
+        assert labsim.gpu(name).arch == "hopper"
+
+
+def test_new_nvlink_variants() -> None:
+    assert labsim.link("nvlink5").bandwidth_Bps == 900 * G  # 1.8 TB/s bidirectional
+    assert labsim.link("nvlink5").nccl_Bps == pytest.approx(18 * 40.1 * G)
+    assert labsim.link("nvlink4-h800").bandwidth_Bps == 200 * G  # 400 GB/s bidirectional
+    assert labsim.link("nvlink4-h800").kind == "nvlink"
+
+
+def test_hopper_variants_use_h100_efficiency() -> None:
+    from labsim.compute import EFFICIENCY, efficiency
+    for name in ("H100-SXM-HBM2e", "H100-NVL", "H800"):
+        assert efficiency(labsim.gpu(name)) is EFFICIENCY["h100-sxm"]
+    assert "b200" not in EFFICIENCY  # no published B200 GEMM measurement: the generic set
