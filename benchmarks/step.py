@@ -133,6 +133,17 @@ FITTED_STACKS = {
     "megatron-core-te": ("megatron-core-te",),
     "fsdp": ("fsdp", "fsdp-torch1.13"),
 }
+# profiles no run is fitted on: every run of theirs is unseen as it stands
+UNFITTED_STACKS = {"torchtitan-2024": ("torchtitan-2024",), "generic": ("generic",)}
+# the year each source published its figures (the id's prefix)
+_YEARS = {"narayanan2021": 2021, "megatronlm": 2021, "korthikanti2022": 2022,
+          "bigscience2022": 2022, "smith2022": 2022, "llmfoundry": 2023, "dgxc2411": 2024,
+          "meta2024": 2024, "torchtitan2024": 2024, "dgxc2504": 2025}
+
+
+def run_year(run) -> int:
+    """The year ``run``'s figures were published (``_YEARS``, by the id's prefix)."""
+    return next(y for prefix, y in _YEARS.items() if run.id.startswith(prefix))
 
 
 def left_out_profile(name: str, stack: str):
@@ -150,17 +161,48 @@ def left_out_profile(name: str, stack: str):
 
 def stack_errors() -> list[tuple[str, str, str, float, float]]:
     """(stack left out, run id, profile, error with the calibrated profile, error with the
-    stack left out) for every run of each fitted stack's family."""
+    stack left out) for every run of each fitted stack's family, and of each stack no run is
+    fitted on (both errors the same: it is unseen as it stands)."""
     rows = []
-    for stack, family in FITTED_STACKS.items():
+    for stack, family in {**FITTED_STACKS, **UNFITTED_STACKS}.items():
         for run in runs():
             name = run.plan_spec["software"]
             if name in family:
                 measured = run.measured_step_s()
                 own = predict(run).step_time_s / measured - 1
-                out = predict(run, left_out_profile(name, stack)).step_time_s / measured - 1
+                out = own if stack in UNFITTED_STACKS else predict(
+                    run, left_out_profile(name, stack)).step_time_s / measured - 1
                 rows.append((stack, run.id, name, own, out))
     return rows
+
+
+def _summary(label: str, errors: list[float]) -> str:
+    a = [abs(e) for e in errors]
+    return (f"{label:<24} {len(a):>3} runs  median |error| {statistics.median(a):>5.1%}  "
+            f"max {max(a):>5.1%}  within 10 %: {sum(x <= 0.10 for x in a)}")
+
+
+def scaling_pairs() -> list[tuple[str, str, float, float]]:
+    """(smaller run, larger run, measured speed-up, predicted speed-up) for every pair of
+    published runs of the same model, layout per replica and software on more GPUs (the
+    same global batch, so the step time itself scales)."""
+    def key(run) -> tuple:
+        per_replica = {k: v for k, v in run.plan_spec.items() if k != "dp"}
+        return run.model_spec.get("name"), run.gpu, json.dumps(per_replica, sort_keys=True)
+
+    groups: dict[tuple, list] = {}
+    for run in runs():
+        groups.setdefault(key(run), []).append(run)
+    pairs = []
+    for members in groups.values():
+        members.sort(key=lambda r: r.gpus)
+        for small, large in itertools.combinations(members, 2):
+            if small.gpus == large.gpus:
+                continue
+            measured = small.measured_step_s() / large.measured_step_s()
+            predicted = predict(small).step_time_s / predict(large).step_time_s
+            pairs.append((small.id, large.id, measured, predicted))
+    return pairs
 
 
 def error_bands(rows: list[tuple[str, str, str, float, float]]) -> dict:
@@ -172,10 +214,14 @@ def error_bands(rows: list[tuple[str, str, str, float, float]]) -> dict:
         return {"typical": round(statistics.median(a), 3), "worst": round(max(a), 3),
                 "runs": len(a), "basis": basis}
 
-    bands = {"*": band([r[4] for r in rows], "every fitted stack left out in turn")}
+    bands = {"*": band([r[4] for r in rows], "each stack unseen (fitted ones left out in turn)")}
     for stack, family in FITTED_STACKS.items():
         b = band([r[4] for r in rows if r[0] == stack], f"{stack}'s stack, fitted without its runs")
         bands.update({name: b for name in family})
+    for stack, family in UNFITTED_STACKS.items():
+        if stack != "generic":  # generic: every stack's band
+            b = band([r[4] for r in rows if r[0] == stack], f"{stack}'s stack, never fitted")
+            bands.update({name: b for name in family})
     return {"about": "Step-time error bands from `python benchmarks/step.py "
                      "--leave-one-stack-out --write` (docs/step.md section 3): |predicted / "
                      "measured - 1| on published runs whose stack the model was not fitted "
@@ -188,7 +234,7 @@ def leave_one_stack_out(write: bool = False) -> None:
     stack are not unseen); ``write``: the bands into labsim/data/step_bands.json."""
     rows = stack_errors()
     print(f"{'left out':<18} {'run':<46} {'profile':<22} {'calibrated':>10} {'left out':>9}")
-    for stack in FITTED_STACKS:
+    for stack in {**FITTED_STACKS, **UNFITTED_STACKS}:
         mine = [r for r in rows if r[0] == stack]
         for _, run_id, name, own, out in mine:
             print(f"{stack:<18} {run_id:<46} {name:<22} {own:>+10.1%} {out:>+9.1%}")
@@ -197,7 +243,19 @@ def leave_one_stack_out(write: bool = False) -> None:
               f"{max(b):.1%}; left out median {statistics.median(a):.1%} max {max(a):.1%}\n")
     every = [abs(r[4]) for r in rows]
     print(f"every stack left out in turn: {len(every)} runs, median |error| "
-          f"{statistics.median(every):.1%}, max {max(every):.1%}")
+          f"{statistics.median(every):.1%}, max {max(every):.1%}\n")
+    by_id = {r.id: r for r in runs()}
+    for title, of in (("by year", lambda r: str(run_year(r))), ("by GPU", lambda r: r.gpu)):
+        print(title + ", every stack left out in turn:")
+        groups: dict[str, list[float]] = {}
+        for row in rows:
+            groups.setdefault(of(by_id[row[1]]), []).append(row[4])
+        for label in sorted(groups):
+            print("  " + _summary(label, groups[label]))
+    print("\nscaling: the same model and layout on more GPUs (speed-up of the step)")
+    for small, large, measured, predicted in scaling_pairs():
+        print(f"  {small:<40} -> {large:<40} measured {measured:.3f} predicted "
+              f"{predicted:.3f} ({predicted / measured - 1:+.1%})")
     if write:
         path = Path(labsim.__file__).parent / "data" / "step_bands.json"
         path.write_text(json.dumps(error_bands(rows), indent=1) + "\n", encoding="utf-8")

@@ -4,6 +4,9 @@ Modes (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Tran
 Models"): ``"none"`` keeps every activation; ``"selective"`` drops the s x s attention
 activations (softmax output, its dropout mask and output) and recomputes the attention core;
 ``"full"`` keeps each layer's input only and recomputes the whole layer's forward.
+``"op-sac"`` is torchtitan's op-level selective checkpointing (``labsim.op_sac.op_sac_per_layer``):
+it keeps every other matmul output and the attention kernel's, and recomputes the other
+matmuls (``labsim.op_sac.op_sac_matmuls``) and the element-wise ops.
 
 Memory comes from ``labsim.memory.activation_memory``; the FLOPs added are the recomputed
 forward work: the attention core ``4 b s^2 h`` per layer for selective, one full layer
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from labsim.memory import RECOMPUTE, activation_memory
+from labsim.op_sac import op_sac_matmuls
 from labsim.workload import Transformer
 
 
@@ -39,6 +43,9 @@ def recompute_flops_overhead(model: Transformer, recompute: str) -> float:
         return 0.0
     if recompute == "selective":
         return model.layers * model.attention_core_flops(1) / model.seq_len / per_token
+    if recompute == "op-sac":  # the matmuls not saved (labsim.op_sac.op_sac_matmuls)
+        again = sum(2 * out * inp for _, out, inp, saved in op_sac_matmuls(model) if not saved)
+        return model.layers * again / per_token
     return model.training_flops(1, "full") / model.training_flops(1, "none") - 1.0
 
 

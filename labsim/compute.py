@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from labsim.hardware import GPU
+from labsim.op_sac import op_sac_matmuls
 from labsim.precision import Precision, training_precision
 from labsim.workload import Transformer
 
@@ -178,6 +179,9 @@ EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
     "a100-80gb": _A100,
     "h100-sxm": _H100,
     "h100-pcie": _H100,
+    "h100-sxm-hbm2e": _H100,
+    "h100-nvl": _H100,
+    "h800": _H100,
     "h200": _H100,
 })
 
@@ -345,11 +349,36 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
             rec = PassCost(fwd.time_s - gemm_time(last.m, last.n, last.k, gpu, gemm_dtype,
                                                   bytes_per_element=e, sustained=su),
                            fwd.flops - last.flops)
+    elif recompute == "op-sac":
+        rec = _op_sac_recompute(model, tokens, tp, gpu, gemm_dtype, e, su,
+                                fwd_elementwise=memory_time(elem_bytes, gpu, su))
+        if attention == "standard":  # bmm and softmax are not on torchtitan's save list
+            rec += core_f
     elif recompute == "selective" and attention == "standard":
         rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
     else:  # FlashAttention already recomputes its scores inside the backward kernel
         rec = PassCost()
     return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
+
+
+def _op_sac_recompute(model: Transformer, tokens: int, tp: int, gpu: GPU, gemm_dtype: str,
+                      e: int, sustained: float | None, *, fwd_elementwise: float) -> PassCost:
+    """What the backward re-executes under torchtitan's op-level selective checkpointing
+    (``labsim.op_sac.op_sac_per_layer``): the matmuls whose outputs are not saved
+    (``labsim.op_sac.op_sac_matmuls``: wk, wo and w3 for a Llama block; every projection of
+    a biased model), column-parallel ones split over ``tp``, each at its own GEMM shape, and
+    the layer's memory-bound element-wise kernels (norms, rotary embedding, SiLU and product,
+    residual adds), none of which is saved.  The SDPA kernel's output is saved: FlashAttention
+    is not re-run."""
+    rec = PassCost(fwd_elementwise, 0.0)
+    for name, out, inp, saved in op_sac_matmuls(model):
+        if saved:
+            continue
+        row_parallel = name in ("wo", "w2", "fc2")
+        n, k = (out, inp // tp) if row_parallel else (out // tp, inp)
+        rec += PassCost(gemm_time(tokens, n, k, gpu, gemm_dtype, bytes_per_element=e,
+                                  sustained=sustained), 2.0 * tokens * n * k)
+    return rec
 
 
 def logits_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,

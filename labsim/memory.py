@@ -26,6 +26,10 @@ Without dropout the s x s term is ``2as^2b`` (the softmax output, kept once), a 
 keeps four f-wide tensors instead of two, and FlashAttention keeps an fp32 log-sum-exp per
 head and token instead of the s x s tensors (``activation_per_layer``).
 
+``"op-sac"`` is torchtitan's op-level selective activation checkpointing (``op_sac_saved``):
+each block keeps its input, the outputs of every other ``aten.mm`` and of the SDPA kernel, and
+recomputes the rest in backward.
+
 Under 1F1B the first of p pipeline stages holds p micro-batches of L/p layers = L layers'
 worth; interleaving with v virtual stages multiplies by ``1 + (p-1)/(p v)`` (Sec. 4.2.3).
 """
@@ -37,6 +41,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from labsim.op_sac import op_sac_per_layer
 from labsim.pipeline import in_flight_peak
 from labsim.precision import PRECISIONS as PRECISION_TABLE
 from labsim.precision import Precision, training_precision
@@ -45,7 +50,7 @@ from labsim.workload import Transformer
 
 PRECISIONS = tuple(PRECISION_TABLE)
 OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op-sac")
 ATTENTION = ("standard", "flash")
 
 _STATES = {"adam": 2, "sgd": 0, "sgd-momentum": 1}
@@ -209,6 +214,44 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     return total
 
 
+CROSS_ENTROPY = ("eager", "megatron", "flash-attn")
+
+
+def loss_memory(model: Transformer, *, micro_batch: int, tp: int = 1,
+                dtype_bytes: float = 2, kernel: str = "eager") -> float:
+    """Bytes the output layer and the cross-entropy hold at their peak, the start of
+    backward, on the last pipeline stage (the vocabulary split over ``tp``), by the loss
+    ``kernel`` (``labsim.software``'s ``cross_entropy``), with ``d = dtype_bytes`` the compute
+    dtype's size, per logit:
+
+    * ``"eager"``: the logits, their fp32 copy, the fp32 log-softmax that ``F.cross_entropy``
+      keeps for backward, and the fp32 gradient its backward writes: ``s b V/t (d + 3 x 4)``;
+    * ``"megatron"``: the logits and the fp32 copy that ``_VocabParallelCrossEntropy`` turns
+      into the softmax in place, saves, and overwrites with the gradient:
+      ``s b V/t (d + 4)`` (``megatron/core/tensor_parallel/cross_entropy.py``; Korthikanti et
+      al. 2022, Sec. 4.3, count the fp32 logits);
+    * ``"flash-attn"``: the saved logits and the gradient flash-attn's fused kernel writes in
+      their dtype: ``s b V/t 2d`` (``flash_attn/losses/cross_entropy.py``; the per-row
+      log-sum-exp is negligible).
+
+    The eager figure is the loss of torchtitan's ``train.py`` at 9dec370
+    (``cross_entropy(pred.flatten(0, 1).float(), labels)``) in eager PyTorch:
+    ``aten._log_softmax`` saves its output, the ``nll_loss`` backward writes a gradient as
+    large, and ``_log_softmax_backward_data`` a third.  The compute-dtype logits are freed
+    before backward (torchtitan's ``del pred``), but the caching allocator keeps their block
+    (``torch.cuda.memory_reserved``) and cannot serve the fp32 gradient from it (too small;
+    the fp32 copy's block serves the first gradient), so the reserved peak holds all four.
+    Korthikanti et al. 2022 (Sec. 4.3) count the fp32 logits alone, ``4 s b V/t``.
+    """
+    if kernel not in CROSS_ENTROPY:
+        raise ValueError(f"kernel={kernel!r}: choose one of {CROSS_ENTROPY}")
+    model.check_tp(tp)
+    logits = model.seq_len * micro_batch * -(-model.vocab // tp)
+    per_logit = {"eager": dtype_bytes + 3 * 4, "megatron": dtype_bytes + 4,
+                 "flash-attn": 2 * dtype_bytes}[kernel]
+    return logits * per_logit
+
+
 def activation_per_layer(
     model: Transformer,
     *,
@@ -242,6 +285,9 @@ def activation_per_layer(
     backward recomputes the probabilities from the fp32 per-row log-sum-exp, 4 bytes per
     head and token (``as b``), and regenerates the dropout mask from the RNG state.
     Measured against ``labsim.lab.MemoryMeter`` in tests/test_lab_models.py.
+
+    ``recompute="op-sac"``: torchtitan's op-level selective checkpointing,
+    ``op_sac_per_layer`` (its masks are regenerated, none kept).
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
@@ -266,6 +312,10 @@ def activation_per_layer(
     s, b, h, a, t = model.seq_len, micro_batch, model.hidden, model.heads, tp
     d, m = dtype_bytes, mask_bytes
     sbh = s * b * h
+    if recompute == "op-sac":
+        return op_sac_per_layer(model, micro_batch=b, tp=t,
+                                sequence_parallel=sequence_parallel, dtype_bytes=d,
+                                attention=attention)
     if recompute == "full":
         return d * sbh  # the layer's input only: 2sbh in 16 bits
     # Replicated part: LayerNorm inputs (2 x sbh), attention and MLP inputs (2 x sbh), the
@@ -364,7 +414,8 @@ def zero3_unit_params(model: Transformer, tp: int, unit: str) -> tuple[float, ..
 
 def step_memory(model: Transformer, plan: object, in_flight: int, *,
                 extra_grad_bytes_per_param: float = 0.0,
-                swiglu_fused: bool = False, zero3_unit: str = "layer") -> MemoryBreakdown:
+                swiglu_fused: bool = False, zero3_unit: str = "layer",
+                cross_entropy: str = "eager") -> MemoryBreakdown:
     """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
     at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
@@ -381,8 +432,23 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     ``extra_grad_bytes_per_param``: a second gradient the software keeps beside the
     precision's for the whole step (a software profile's, ``labsim.software``), counted with
     the gradients.  ``swiglu_fused``: a SwiGLU MLP keeps three f-wide tensors, not four
-    (``activation_per_layer``).  Allocator fragmentation, workspaces and communication
-    buffers are not counted.
+    (``activation_per_layer``).
+
+    On a single-stage pipeline (``pp == 1``) the first stage also computes the logits and the
+    loss: ``loss_memory`` of the ``cross_entropy`` kernel at the start of backward, while
+    every layer's activations are held; it and the recomputed layer's working set come one
+    after the other, so the larger of the two counts.  Under ZeRO-3 with
+    ``zero3_unit="layer"`` the root unit (the embedding, the final norm and the output
+    layer: ``stage_params`` with no layers) stays whole from its forward to the end of
+    backward: FSDP2 does not reshard the root after forward
+    (``torch/distributed/_composable/fsdp/_fsdp_state.py``, ``FSDPState._lazy_init``: "For
+    the root, do not reshard after forward since for training, the parameters would be freed
+    and all-gathered immediately"), nor does FSDP1 (``torch/distributed/fsdp/
+    _runtime_utils.py``, ``_post_forward_reshard``: "Do not free the root's parameters in the
+    post-forward").  The cuBLAS workspace, NCCL buffers and the CUDA context
+    are not counted (a few tens of MiB against tens of GB): cuBLASLt's workspace is 32 MiB per
+    handle and stream on Hopper, 4 MiB on Ampere (pytorch/pytorch#120925, ``CUDABlas.cpp``),
+    NCCL's ``NCCL_BUFFSIZE`` 4 MiB per channel and peer (NCCL environment documentation).
     """
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
@@ -403,8 +469,14 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
         held = in_flight_peak(plan.schedule, plan.pp, plan.microbatches, v, mine,
                               group=plan.microbatch_group)
     activations = per_layer * held
+    transient = 0.0
     if plan.recompute != "none":  # the recomputed layer's working set, one at a time
-        activations += layer_bytes("none") - per_layer
+        transient = layer_bytes("none") - per_layer
+    if plan.pp == 1:  # the first stage is the last: the logits and the loss, before the layers
+        transient = max(transient, loss_memory(model, micro_batch=plan.micro_batch,
+                                               tp=plan.tp, dtype_bytes=prec.activation_bytes,
+                                               kernel=cross_entropy))
+    activations += transient
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g])
                   for g in range(0, chunks, plan.pp)))
     states = training_memory(n, precision=prec, optimizer=plan.optimizer,
@@ -413,5 +485,8 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     if plan.zero_stage == 3 and plan.dp > 1:
         unit = max(zero3_unit_params(model, plan.tp, zero3_unit))
         params += (plan.zero3_prefetch + 2) * unit * prec.weight_bytes
+        if zero3_unit == "layer":  # FSDP's root unit: embedding, final norm, output layer
+            root = stage_params(model, tp=plan.tp, pp=plan.pp, layers=0)
+            params += root * prec.weight_bytes
     grads = states.grads + extra_grad_bytes_per_param * n
     return MemoryBreakdown(params, grads, states.optimizer, activations)

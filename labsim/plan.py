@@ -24,7 +24,7 @@ from labsim.precision import Precision, training_precision
 from labsim.software import PROFILES, SoftwareProfile, profile
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op-sac")
 ATTENTION = ("flash", "standard")
 OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
 MAX_GLOBAL_BATCH = 10**8  # sequences; the largest published runs use ~10^4
@@ -65,8 +65,11 @@ class Plan:
     zero_stage: 0 (plain DP), 1 (optimizer states sharded: Megatron's distributed optimizer),
         2 (+ gradients, reduce-scattered every micro-batch), 3 (+ parameters: all-gathered for
         every layer's forward and backward of every micro-batch).
-    recompute: ``"none"``, ``"selective"`` (attention core recomputed, Korthikanti et al. 2022)
-        or ``"full"`` (each layer's forward recomputed from its input in backward).
+    recompute: ``"none"``, ``"selective"`` (attention core recomputed, Korthikanti et al. 2022),
+        ``"full"`` (each layer's forward recomputed from its input in backward) or
+        ``"op-sac"`` (torchtitan's op-level selective checkpointing: every other matmul output
+        and the attention kernel's output kept, the rest recomputed;
+        ``labsim.op_sac.op_sac_per_layer``).
     sequence_parallel: Megatron sequence parallelism (norms and dropout sharded over tp;
         all-reduces become reduce-scatter + all-gather of the same volume).
     precision: a name of ``labsim.precision.PRECISIONS`` (``"bf16"``, ``"fp16"``, ``"fp32"``,

@@ -115,6 +115,14 @@ def predict_curve(curve: Curve, physics: NcclPhysics = PHYSICS,
     return out
 
 
+# The NVLink of the 8-GPU NVSwitch node (HGX / DGX board) each GPU of a published run sits in:
+# its generation and link count (H800: 8 NVLink4 links, not H100's 18).  PCIe parts (H100 PCIe,
+# H100 NVL's bridged pairs) have no such node and are refused.
+NODE_NVLINK = {"V100-32GB": "nvlink2", "A100-40GB": "nvlink3", "A100-80GB": "nvlink3",
+               "H100-SXM": "nvlink4", "H100-SXM-HBM2e": "nvlink4", "H200": "nvlink4",
+               "H800": "nvlink4-h800", "B200": "nvlink5"}
+
+
 @dataclass(frozen=True)
 class Run:
     """One published training run: its source, its layout as a labsim ``plan`` (keyword
@@ -159,7 +167,10 @@ class Run:
     @property
     def cluster(self) -> Cluster:
         nodes, per = max(1, self.gpus // 8), min(8, self.gpus)
-        intra = "nvlink3" if self.gpu.startswith("A100") else "nvlink4"
+        if self.gpu not in NODE_NVLINK:
+            raise ValueError(f"run {self.id}: no 8-GPU NVSwitch node known for {self.gpu!r}; "
+                             f"published runs use one of {', '.join(NODE_NVLINK)}")
+        intra = NODE_NVLINK[self.gpu]
         return Cluster(self.gpu, nodes, per, intra, self.fabric, self.nics_per_node,
                        name=f"{self.gpus} x {self.gpu}",
                        nccl_net_channels=self.nccl_net_channels)

@@ -92,7 +92,16 @@ Fields:
   (``labsim.memory.activation_per_layer``): Megatron-Core's ``bias_swiglu_impl``
   (``megatron/core/fusions/fused_bias_swiglu.py``, ``SwiGLUFunction`` saves its input),
   on by default in Megatron-LM's training arguments (``--no-bias-swiglu-fusion`` turns it
-  off); eager PyTorch (``F.silu(gate) * up``) keeps four.
+  off); eager PyTorch (``F.silu(gate) * up``) keeps four;
+* ``cross_entropy`` -- the loss kernel, which sets what the logits and the loss hold at the
+  start of backward (``labsim.memory.loss_memory``): ``"eager"`` (``F.cross_entropy`` on an
+  fp32 copy of the logits: the logits, the copy, the saved log-softmax and its gradient, all
+  but the first in fp32; torchtitan ``train.py``), ``"megatron"`` (Megatron's
+  ``_VocabParallelCrossEntropy``: the fp32 copy becomes the softmax in place, is saved, and
+  its backward writes the gradient into it; ``megatron/core/tensor_parallel/
+  cross_entropy.py``), ``"flash-attn"`` (flash-attn's fused ``CrossEntropyLoss``, llm-foundry's
+  default ``loss_fn: fused_crossentropy``: it saves the logits and a per-row log-sum-exp and
+  writes a gradient in the logits' dtype; ``flash_attn/losses/cross_entropy.py``).
 """
 
 from __future__ import annotations
@@ -105,6 +114,7 @@ from types import MappingProxyType
 from labsim.collectives.tuner import ALGOS, parse_choice
 from labsim.compute import FLASH_KERNELS
 from labsim.hardware import GPU
+from labsim.memory import CROSS_ENTROPY
 
 ZERO3_UNITS = ("layer", "tensor")
 ZERO3_GRAD_OPS = ("reduce_scatter", "allreduce")
@@ -141,6 +151,7 @@ class SoftwareProfile:
     flash_kernel: str = "cuda"
     recompute_early_stop: bool = False
     swiglu_fused: bool = False
+    cross_entropy: str = "eager"
     fitted: str = "sustained"
     source: str = ""
     calibration: str = ""
@@ -173,6 +184,9 @@ class SoftwareProfile:
         if self.flash_kernel not in FLASH_KERNELS:
             raise ValueError(f"flash_kernel={self.flash_kernel!r}: choose one of "
                              f"{FLASH_KERNELS}")
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise ValueError(f"cross_entropy={self.cross_entropy!r}: choose one of "
+                             f"{CROSS_ENTROPY}")
         if self.fitted not in FITTED:
             raise ValueError(f"fitted={self.fitted!r}: choose one of {FITTED}")
         for key, value in self.sustained.items():
@@ -220,13 +234,14 @@ _FSDP = SoftwareProfile(
     "FlashAttention (llm-foundry's Triton kernel of 2022), non-reentrant activation "
     "checkpointing (recomputation stops early)",
     MappingProxyType({"ampere": 0.871, "hopper": 0.696}), flash_kernel="triton-2022",
-    recompute_early_stop=True,
+    recompute_early_stop=True, cross_entropy="flash-attn",
     source="PyTorch FSDP docs (BackwardPrefetch.BACKWARD_PRE, limit_all_gathers); "
     "llm-foundry benchmarking README; scripts/train/benchmarking/submit_benchmarks.py "
     "(--attn_impl default 'triton', which sweep.sh never changes) and "
     "llmfoundry/models/layers/attention.py (attn_impl triton: flash_attn_triton.py on "
     "triton-pre-mlir); yamls: activation_checkpointing_reentrant: false; sweep.sh: "
-    "mosaicml/pytorch:2.1.0_cu121",
+    "mosaicml/pytorch:2.1.0_cu121; llmfoundry/models/mpt/modeling_mpt.py (loss_fn default "
+    "'fused_crossentropy': flash_attn.losses.cross_entropy.CrossEntropyLoss)",
     calibration="llm-foundry 8-GPU A100-80GB and H100 runs (5 runs)")
 
 _PROFILES: tuple[SoftwareProfile, ...] = (
@@ -239,7 +254,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "megatron-lm-2021", "Megatron-LM of Narayanan et al. 2021 (SC21): fp16, fused kernels, "
         "standard (non-flash) attention, blocking TP collectives, local DDP without overlap",
         MappingProxyType({"ampere": 0.804}), overlap_grad_reduce=False, attention="standard",
-        blocking_p2p=True,
+        blocking_p2p=True, cross_entropy="megatron",
         source="Megatron-LM examples/sc21/run_table_1.sh; Narayanan et al. 2021 sec. 5; "
         "megatron/p2p_communication.py of May 2021 (blocking sends)",
         calibration="Narayanan et al. 2021 Table 1 (10 runs)"),
@@ -249,7 +264,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "attention) in the paper's own later code, measured a year later on the same cluster, "
         "with sequence parallelism and selective recomputation",
         MappingProxyType({"ampere": MEGATRON_LM_2022_AMPERE}), overlap_grad_reduce=False,
-        attention="standard", blocking_p2p=True,
+        attention="standard", blocking_p2p=True, cross_entropy="megatron",
         source="Korthikanti et al. 2022 (arXiv:2205.05198) sec. 6 and Table 5 (Selene, "
         "the 2021 paper's cluster); the same 1T and 530B pipelines, with full recomputation, "
         "took 94.4 s and 49.1 s there against 103 s and 54.1 s per step in Narayanan et al. "
@@ -262,7 +277,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "and parameter all-gather, FlashAttention (cuDNN)",
         MappingProxyType({"hopper": 0.746}), tp_comm_overlap=True, tp_overlap_hidden=0.8,
         overlap_grad_reduce=True, overlap_param_gather=True, bucket_bytes=40e6,
-        swiglu_fused=True,
+        swiglu_fused=True, cross_entropy="megatron",
         source="NVIDIA dgxc-benchmarking 24.11 recipes (ub_tp_comm_overlap, overlap_grad_sync, "
         "overlap_param_sync: true); Megatron-Core DDP default bucket 40M elements; fused "
         "SwiGLU: megatron/core/fusions/fused_bias_swiglu.py, on unless "
@@ -279,7 +294,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         zero3_grad_op="allreduce", zero3_recompute_gather=True, bucket_bytes=1e9,
         zero3_host_s_per_rank=ZERO3_HOST_S_PER_RANK_2021, zero3_gather_hbm_passes=4,
         zero3_gather_syncs=True, zero3_reuse_distance=1e9,
-        attention="standard", fitted="zero3_host_s_per_rank",
+        attention="standard", fitted="zero3_host_s_per_rank", cross_entropy="megatron",
         source="DeepSpeed v0.3.16 deepspeed/runtime/zero/constants.py (prefetch_bucket_size "
         "5e7, reduce_bucket_size 5e8, reduce_scatter false, param_persistence_threshold 1e5: "
         "biases and layer norms stay whole, max_reuse_distance 1e9), partition_parameters.py "
@@ -302,7 +317,7 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "activation checkpointing (the whole forward replayed)",
         MappingProxyType({"ampere": 0.804}), overlap_grad_reduce=False, blocking_p2p=True,
         attention="standard", zero1_grad_op="allreduce", accumulate_bytes_per_param=18,
-        extra_grad_bytes_per_param=2, bucket_bytes=2e9,
+        extra_grad_bytes_per_param=2, bucket_bytes=2e9, cross_entropy="megatron",
         source="DeepSpeed v0.6.2-v0.6.5 (April-May 2022, the first releases with "
         "BF16_Optimizer): runtime/pipe/engine.py (is_pipe_partitioned: each model-parallel "
         "rank sends its part of the activation and the receiver all-gathers it; "
@@ -316,6 +331,22 @@ _PROFILES: tuple[SoftwareProfile, ...] = (
         "Megatron-LM 2021's (the same Megatron kernels; not fitted)",
         calibration=""),
     _FSDP,
+    SoftwareProfile(
+        "torchtitan-2024", "torchtitan (PyTorch native, 2024): FSDP2 (fully_shard per "
+        "transformer block, the next block's all-gather issued ahead on its own stream, "
+        "gradients reduce-scattered per block), PyTorch SDPA's FlashAttention-2 kernel, eager "
+        "SwiGLU, non-reentrant activation checkpointing (recomputation stops early), op-level "
+        "selective checkpointing when the plan asks for op-sac",
+        GENERIC_SUSTAINED, recompute_early_stop=True,
+        source="pytorch/torchtitan at a88dc4125 (October 2024): "
+        "torchtitan/parallelisms/parallelize_llama.py (apply_fsdp: "
+        "fully_shard per TransformerBlock, reshard_after_forward; apply_ac: "
+        "ptd_checkpoint_wrapper, non-reentrant, selective_ac_option 'op' or a layer "
+        "frequency); torchtitan/models/llama/model.py (F.scaled_dot_product_attention, "
+        "is_causal; F.silu(w1(x)) * w3(x)); PyTorch FSDP2 docs (implicit prefetch of the "
+        "next all-gather); sustained: no run of this stack is fitted, the generic mean of the "
+        "calibrated profiles",
+        calibration=""),
     replace(
         _FSDP, name="fsdp-torch1.13",
         description="PyTorch FSDP as llm-foundry ran it on PyTorch 1.13 (its README's A100 "

@@ -9,6 +9,7 @@ from labsim.memory import (
     activation_memory,
     activation_per_layer,
     bytes_per_param,
+    loss_memory,
     stage_params,
     step_memory,
     training_memory,
@@ -230,14 +231,17 @@ def test_a_recomputing_step_holds_one_layer_whole_as_the_segment_model_says() ->
         whole = activation_per_layer(model, **kw)
         kept = activation_per_layer(model, recompute=recompute, **kw)
         held = step_memory(model, plan, 1).activations
-        assert held == pytest.approx(segment_peak_bytes([whole] * model.layers,
-                                                        [kept] * model.layers,
-                                                        range(model.layers)))
-        assert held == pytest.approx(model.layers * kept + whole - kept) and held > (
+        # one stage: the loss's peak (loss_memory) comes before the first recomputed layer's
+        loss = loss_memory(model, micro_batch=2, tp=8)
+        segments = segment_peak_bytes([whole] * model.layers, [kept] * model.layers,
+                                      range(model.layers))
+        assert held == pytest.approx(max(segments, model.layers * kept + loss))
+        assert held == pytest.approx(model.layers * kept + max(whole - kept, loss)) and held > (
             model.layers * kept)
     none = Plan(tp=8, micro_batch=2, global_batch=2, attention="flash")
     assert step_memory(model, none, 1).activations == pytest.approx(
-        model.layers * activation_per_layer(model, micro_batch=2, tp=8, attention="flash"))
+        model.layers * activation_per_layer(model, micro_batch=2, tp=8, attention="flash")
+        + loss_memory(model, micro_batch=2, tp=8))
 
 
 def test_zero3_holds_its_units_whole_a_tensor_for_deepspeed_a_layer_for_fsdp() -> None:
@@ -254,7 +258,9 @@ def test_zero3_holds_its_units_whole_a_tensor_for_deepspeed_a_layer_for_fsdp() -
                               dp=64).params
     layer = step_memory(model, plan, 1).params - sharded
     tensor = step_memory(model, plan, 1, zero3_unit="tensor").params - sharded
-    assert layer == pytest.approx(2 * 2 * model.params_per_layer)
+    # FSDP's root unit (embedding, final norm, output layer) also stays whole
+    root = stage_params(model, layers=0)
+    assert layer == pytest.approx(2 * 2 * model.params_per_layer + 2 * root)
     assert tensor == pytest.approx(2 * 2 * max(tensors)) and tensor < layer / 2
     with pytest.raises(ValueError, match="'layer' or 'tensor'"):
         zero3_unit_params(model, 1, "module")

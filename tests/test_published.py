@@ -253,3 +253,34 @@ def test_the_variants_benchmark_starts_from_the_kept_model():
         return int((np.abs(bench._variant_errors(curve, x, "sum", ll128_net=on)) <= 0.15).sum())
     assert within(gather, False) > within(gather, True)
     assert within(reduce, False) < within(reduce, True)
+
+
+def test_the_newer_held_out_runs_are_their_sources_figures():
+    """torchtitan, DGX Cloud 25.04 and MT-NLG rows: the published figures, on the right node."""
+    by = {r.id: r for r in runs()}
+    mt = [by[f"smith2022_mtnlg_530b_{g}gpu"] for g in (2240, 2800, 3360)]
+    assert [r.measured_step_s() for r in mt] == [60.1, 50.2, 44.4]
+    assert [r.plan.dp for r in mt] == [8, 10, 12]  # TP 8 x PP 35 replicas, batch 1920
+    assert all(r.plan.global_batch == 1920 for r in mt)
+    tt = by["torchtitan2024_llama31_8b_fsdp_8gpu"]
+    assert tt.measured["peak_memory_gib"] == 82.4
+    assert tt.measured_step_s() == pytest.approx(16 * 8192 / (5762 * 8))
+    assert tt.cluster.intra_node.name == "nvlink4" and tt.gpu == "H100-SXM-HBM2e"
+    assert by["torchtitan2024_llama2_70b_fsdp_full_64gpu"].cluster.intra_node.name == "nvlink3"
+    assert by["dgxc2504_nemotron4_15b_bf16_16gpu"].measured_step_s() == 2.66
+    assert by["dgxc2504_nemotron4_340b_bf16_256gpu"].measured_step_s() == 4.36
+    for r in runs():
+        if r.id.startswith(("torchtitan", "dgxc2504", "smith2022")):
+            assert r.role == "held-out" and r.notes and r.stack
+
+
+def test_run_cluster_picks_the_nodes_nvlink():
+    from dataclasses import replace
+
+    from labsim.published import NODE_NVLINK
+    run = next(r for r in runs() if r.id == "dgxc2411_nemotron4_15b_bf16_16gpu")
+    assert replace(run, gpu="H800").cluster.intra_node.name == "nvlink4-h800"
+    assert replace(run, gpu="B200").cluster.intra_node.name == "nvlink5"
+    assert NODE_NVLINK["A100-40GB"] == "nvlink3"
+    with pytest.raises(ValueError, match="NVSwitch"):
+        replace(run, gpu="H100-NVL").cluster  # noqa: B018

@@ -467,7 +467,7 @@ def test_non_reentrant_checkpoint_stops_before_the_last_gemm():
     assert compute.layer_cost(model, 4, a100, recompute_early_stop=True).recompute.time_s == 0
     # which stacks stop early: PyTorch's non-reentrant checkpoint from 2.1 on
     stops = {n for n, p in PROFILES.items() if p.recompute_early_stop}
-    assert stops == {"fsdp"}
+    assert stops == {"fsdp", "torchtitan-2024"}
     torch113 = PROFILES["fsdp-torch1.13"]
     assert torch113.sustained == PROFILES["fsdp"].sustained and not torch113.calibration
 
@@ -1616,26 +1616,38 @@ def test_estimate_step_on_zero3_with_tensor_parallelism_is_the_engine_where_it_r
     assert max(errors) < 0.015
 
 # -- published runs --------------------------------------------------------------------------
+# held-out runs of stacks and versions no profile was fitted on or built from (docs/step.md
+# section 3): torchtitan (2024), NeMo 25.04, MT-NLG's Megatron-DeepSpeed (2021)
+UNSEEN_SOURCES = ("torchtitan2024_", "dgxc2504_", "smith2022_")
+
+
 @pytest.mark.slow
 def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
-    errors: dict[str, list[float]] = {"calibration": [], "held-out": []}
+    """The bounds each set has reached (docs/step.md section 3), not the goal: the runs of
+    stacks the profiles were built on stay where they were; the unseen stacks' runs are far
+    from the goal (median 5 %, max 10 %) and are held where they are, so that a change that
+    makes them worse shows."""
+    errors: dict[str, list[float]] = {"calibration": [], "held-out": [], "unseen": []}
     lines = []
     for run in runs():
         r = simulate_step(run.model, run.cluster, run.plan)
         e = r.step_time_s / run.measured_step_s() - 1
-        errors[run.role].append(abs(e))
+        unseen = run.id.startswith(UNSEEN_SOURCES)
+        assert not unseen or run.role == "held-out"
+        errors["unseen" if unseen else run.role].append(abs(e))
         lines.append(f"{run.role:<12} {run.id:<46} {e:+7.1%}")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
-    cal, held = errors["calibration"], errors["held-out"]
+    cal, held, unseen = errors["calibration"], errors["held-out"], errors["unseen"]
     assert statistics.median(cal) <= 0.026 and max(cal) <= 0.075
-    assert statistics.median(held) <= 0.041 and max(held) <= 0.20
+    assert len(held) == 33 and statistics.median(held) <= 0.041 and max(held) <= 0.20
     assert sum(e <= 0.10 for e in held) >= 31
+    assert len(unseen) == 11 and statistics.median(unseen) <= 0.097 and max(unseen) <= 0.275
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within
     # 9 %; BLOOM's three batches, whose network runs at NCCL's measured channel rate on Omni-Path
     # (not fitted to them), within 7.5 %
     rest = {r.id: simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1
-            for r in runs() if r.role == "held-out"
+            for r in runs() if r.role == "held-out" and not r.id.startswith(UNSEEN_SOURCES)
             and r.plan_spec["software"] != "deepspeed-zero3-2021"}
     assert max(map(abs, rest.values())) <= 0.09
     assert statistics.median(map(abs, rest.values())) <= 0.04

@@ -42,12 +42,11 @@ from functools import partial
 import simpy
 
 from labsim.cluster import Cluster
-from labsim.memory import step_memory
 from labsim.network import Placed
 from labsim.pipeline import make_schedule, max_in_flight
 from labsim.plan import Plan
 from labsim.sim.network import Network
-from labsim.step import StepCosts, StepResult, result_from, step_costs
+from labsim.step import StepCosts, StepResult, result_from, stage_memory, step_costs
 from labsim.step.alone import alone_schedule, op_time
 from labsim.workload import Transformer
 
@@ -78,11 +77,7 @@ def simulate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     engine = _Engine(costs)
     ends = engine.run(fast=not events)
     in_flight = max_in_flight(engine.schedule[0]) if not costs.zero3_gather else 1
-    soft = costs.software
-    mem = step_memory(model, plan, in_flight,
-                      extra_grad_bytes_per_param=soft.extra_grad_bytes_per_param,
-                      swiglu_fused=soft.swiglu_fused,
-                      zero3_unit=soft.zero3_unit) if memory else None
+    mem = stage_memory(costs, in_flight) if memory else None
     return result_from(costs, max(ends), engine.busy, engine.compute_end, mem, engine.all_spans)
 
 

@@ -23,8 +23,15 @@
 """
 
 from labsim.step.closed_form import estimate_step
-from labsim.step.costs import ChunkCost, StepCosts, contended_chunks, step_costs, zero3_gathers
+from labsim.step.costs import (
+    ChunkCost,
+    StepCosts,
+    contended_chunks,
+    stage_memory,
+    step_costs,
+    zero3_gathers,
+)
 from labsim.step.result import StepResult, result_from
 
 __all__ = ["ChunkCost", "StepCosts", "StepResult", "contended_chunks", "estimate_step",
-           "result_from", "step_costs", "zero3_gathers"]
+           "result_from", "stage_memory", "step_costs", "zero3_gathers"]

@@ -14,7 +14,7 @@ from labsim.cluster import Cluster
 from labsim.network import Placed, shared_fractions, shared_growth
 from labsim.plan import Plan
 from labsim.step.alone import alone_schedule, bucket_growth, op_time
-from labsim.step.costs import ChunkCost, StepCosts, step_costs
+from labsim.step.costs import ChunkCost, StepCosts, stage_memory, step_costs
 from labsim.step.result import StepResult, result_from
 from labsim.step.zero3_fluid import zero3_fluid, zero3_tp_flows
 from labsim.workload import Transformer
@@ -202,19 +202,15 @@ def estimate_step(model: Transformer, cluster: Cluster, plan: Plan, *,
     fair shares of all three, after the first latency to pass); where gathers synchronise, a
     layer that gathers nothing slows the reduces in flight by its TP bytes.
     """
-    from labsim.memory import step_memory
     from labsim.pipeline import in_flight_peak, interleaved_warmup
 
     c = step_costs(model, cluster, plan)
     p, m, v = plan.pp, plan.microbatches, plan.virtual_stages
     mem = None
     if memory:
-        mem = step_memory(model, plan, in_flight_peak(plan.schedule, p, m, v,
-                                                      group=plan.microbatch_group)
-                          if c.zero3_gather is None else 1,
-                          extra_grad_bytes_per_param=c.software.extra_grad_bytes_per_param,
-                          swiglu_fused=c.software.swiglu_fused,
-                          zero3_unit=c.software.zero3_unit)
+        mem = stage_memory(c, in_flight_peak(plan.schedule, p, m, v,
+                                             group=plan.microbatch_group)
+                           if c.zero3_gather is None else 1)
     if c.zero3_gather is None:
         run = _evaluated_schedule(c)
         if run is not None:

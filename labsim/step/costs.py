@@ -39,7 +39,7 @@ from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.hardware import GPU
-from labsim.memory import stage_params, zero3_unit_params
+from labsim.memory import MemoryBreakdown, stage_params, step_memory, zero3_unit_params
 from labsim.network import FoldedNetwork, Placed
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
@@ -113,6 +113,17 @@ class StepCosts:
         scale = p.dp * p.microbatches * p.tp
         return (scale * sum(c.flops_model for c in self.chunks),
                 scale * sum(c.flops_hw for c in self.chunks))
+
+
+def stage_memory(c: StepCosts, in_flight: int) -> MemoryBreakdown:
+    """The first stage's memory (``labsim.memory.step_memory``) with ``in_flight`` chunk
+    activations held at the peak, under the software profile's mechanisms: a second gradient,
+    a fused SwiGLU, the ZeRO-3 unit and the loss kernel."""
+    soft = c.software
+    return step_memory(c.model, c.plan, in_flight,
+                       extra_grad_bytes_per_param=soft.extra_grad_bytes_per_param,
+                       swiglu_fused=soft.swiglu_fused, zero3_unit=soft.zero3_unit,
+                       cross_entropy=soft.cross_entropy)
 
 
 def _tp_hidden(plan: Plan, cluster: Cluster, soft: SoftwareProfile) -> float:
