@@ -57,6 +57,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from labsim.bands import error_band
 from labsim.cluster import Cluster
 from labsim.compute import kind_seconds, softmax_seconds
 from labsim.hardware import gpu as catalog_gpu
@@ -405,6 +406,8 @@ class Table:
             f"  H100: labsim.estimate_step, GPT-2 124M ({H100_MODEL.params / 1e6:.0f}M parameters),"
             f" {H100_MICRO_BATCH} x {H100_MODEL.seq_len} tokens, one H100 SXM, AdamW; "
             "activations + gradients",
+            f"  H100 step times: {error_band('generic').describe()}; a model this small on one "
+            "GPU is unlike those runs and can miss by more",
         ]
         elsewhere = False
         for key, tech in TECHNIQUES.items():
