@@ -283,6 +283,10 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     PyTorch's non-reentrant checkpoint does by default since 2.1 (``torch.utils.checkpoint``,
     ``set_checkpoint_early_stop``): it stops once every tensor the backward saved is rebuilt,
     and the last one, the MLP output projection's input, is saved before that GEMM runs."""
+    if model.experts:
+        raise ValueError(f"{model.name} has mixture-of-experts layers: layer_cost prices a dense "
+                         "layer's GEMMs (no grouped-GEMM or expert-parallel cost); use a dense "
+                         "model")
     if flash_kernel not in FLASH_KERNELS:
         raise ValueError(f"flash_kernel={flash_kernel!r}: choose one of {FLASH_KERNELS}")
     h, s = model.hidden, model.seq_len

@@ -291,6 +291,10 @@ def activation_per_layer(
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
+    if model.experts:
+        raise ValueError(f"{model.name} has mixture-of-experts layers: activation_per_layer "
+                         "counts a dense layer's tensors (router, dispatch buffers and the "
+                         "experts' inputs are not modelled); use a dense model")
     if attention not in ATTENTION:
         raise ValueError(f"attention={attention!r}; use one of {ATTENTION}")
     if not isinstance(micro_batch, int) or micro_batch < 1:

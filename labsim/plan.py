@@ -283,6 +283,12 @@ class Plan:
         if not all(hasattr(model, a) for a in ("layers", "heads", "hidden")):
             raise ValueError(f"model must be a labsim.Transformer (e.g. labsim.Transformer."
                              f"preset('gpt3-175b')), got {type(model).__name__}")
+        if getattr(model, "experts", 0):
+            raise ValueError(
+                f"{getattr(model, 'name', 'this model')} has mixture-of-experts layers, which "
+                "the step model does not price (it has no expert parallelism or grouped-GEMM "
+                "cost): take its FLOPs from Transformer.flops_per_token / active_params and its "
+                "model states from labsim.training_memory(model.params)")
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)

@@ -9,6 +9,13 @@ families are covered exactly:
 - LLaMA: rotary positions (no parameters), RMSNorm (weight only), no biases, a SwiGLU MLP
   (three matrices), grouped-query attention (``kv_heads`` < ``heads``), untied output layer.
 
+A **mixture of experts** (Shazeer et al. 2017; Fedus et al. 2022) replaces the MLP of its MoE
+layers by ``experts`` routed experts of width ``expert_ffn_hidden``, of which a router (a linear
+layer ``h -> experts``) sends each token to ``top_k``, plus ``shared_experts`` that every token
+goes through (DeepSeekMoE, Dai et al. 2024); the first ``dense_layers`` layers keep a dense MLP
+of width ``ffn_hidden``.  ``params`` counts every expert, ``active_params`` the ones a token
+uses; FLOPs count the active experts and the router.
+
 FLOPs follow the convention of Narayanan et al. 2021 (Megatron-LM, SC21, Appendix) and
 Chowdhery et al. 2022 (PaLM, Appendix B): only matrix multiplications count, a (m x k) @
 (k x n) product costs 2mnk FLOPs, attention scores and the attention-weighted values count
@@ -64,6 +71,12 @@ class Transformer:
     ``norm`` ("layernorm": weight + bias; "rmsnorm": weight only), ``bias`` (biases on the
     linear layers), ``dropout`` (trained with dropout, whose masks are kept for backward: GPT
     and Megatron yes, LLaMA no).
+
+    Mixture of experts (module doc): ``experts`` routed experts per MoE layer (0: a dense
+    model), ``top_k`` of them per token, ``expert_ffn_hidden`` their width (default
+    ``ffn_hidden``), ``shared_experts`` always-on experts of width ``shared_ffn_hidden``
+    (default ``expert_ffn_hidden``), ``dense_layers`` leading layers with a dense MLP of width
+    ``ffn_hidden`` (DeepSeek's ``first_k_dense_replace``).
     """
 
     layers: int
@@ -80,6 +93,12 @@ class Transformer:
     bias: bool = True
     dropout: bool = True
     name: str = "custom"
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden: int | None = None
+    shared_experts: int = 0
+    shared_ffn_hidden: int | None = None
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
         for field_name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -104,10 +123,38 @@ class Transformer:
                 f"kv_heads={self.kv_heads} does not divide heads={self.heads}; grouped-query "
                 "attention needs heads to be a multiple of kv_heads"
             )
+        self._check_experts()
         if self.positions not in POSITIONS:
             raise ValueError(f"positions={self.positions!r}; use one of {POSITIONS}")
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r}; use one of {NORMS}")
+
+    def _check_experts(self) -> None:
+        for name in ("experts", "top_k", "shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not self.experts:
+            if self.top_k or self.shared_experts or self.dense_layers or (
+                    self.expert_ffn_hidden is not None or self.shared_ffn_hidden is not None):
+                raise ValueError("top_k, shared_experts, dense_layers and the expert widths "
+                                 "describe MoE layers: set experts (the routed experts per "
+                                 "layer) too, or leave them out for a dense model")
+            return
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k={self.top_k}: each token goes to 1 to experts="
+                             f"{self.experts} routed experts; set top_k in that range")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"dense_layers={self.dense_layers} leaves no MoE layer of "
+                             f"layers={self.layers}; use fewer dense layers or experts=0")
+        if self.expert_ffn_hidden is None:
+            object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
+        if self.shared_ffn_hidden is None:
+            object.__setattr__(self, "shared_ffn_hidden", self.expert_ffn_hidden)
+        for name in ("expert_ffn_hidden", "shared_ffn_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     # ----------------------------------------------------------------- presets
     @classmethod
@@ -123,9 +170,10 @@ class Transformer:
         return replace(model, **overrides) if overrides else model
 
     @staticmethod
-    def presets() -> tuple[str, ...]:
-        """Names accepted by ``Transformer.preset``."""
-        return tuple(PRESETS)
+    def presets(dense: bool = False) -> tuple[str, ...]:
+        """Names accepted by ``Transformer.preset``; ``dense``: only the models without
+        mixture-of-experts layers (the ones the step model prices)."""
+        return tuple(n for n, m in PRESETS.items() if not (dense and m.experts))
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -155,17 +203,54 @@ class Transformer:
         biases = (h + 2 * kv) + h if self.bias else 0
         return weights + biases
 
-    @property
-    def mlp_params(self) -> int:
-        h, f = self.hidden, self.ffn_hidden
+    def _mlp_params(self, width: int) -> int:
+        h, f = self.hidden, width
         weights = self.mlp_matrices * h * f
         biases = ((self.mlp_matrices - 1) * f + h) if self.bias else 0
         return weights + biases
 
     @property
+    def mlp_params(self) -> int:
+        """The dense MLP (of a dense model, or of an MoE model's ``dense_layers``)."""
+        return self._mlp_params(self.ffn_hidden)
+
+    @property
     def params_per_layer(self) -> int:
-        """One transformer block: attention + MLP + two norms (GPT: 12h^2 + 13h)."""
+        """One dense transformer block: attention + MLP + two norms (GPT: 12h^2 + 13h)."""
         return self.attention_params + self.mlp_params + 2 * self.norm_params
+
+    # ----------------------------------------------------------------- mixture of experts
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (an MLP of width ``expert_ffn_hidden``)."""
+        return self._mlp_params(self.expert_ffn_hidden) if self.experts else 0
+
+    @property
+    def router_params(self) -> int:
+        """The router of one MoE layer: a linear layer h -> experts, no bias."""
+        return self.hidden * self.experts
+
+    @property
+    def moe_params_per_layer(self) -> int:
+        """One MoE block: attention, every routed and shared expert, the router, two norms
+        (0 for a dense model)."""
+        if not self.experts:
+            return 0
+        shared = self.shared_experts * self._mlp_params(self.shared_ffn_hidden)
+        return (self.attention_params + self.experts * self.expert_params + shared
+                + self.router_params + 2 * self.norm_params)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: ``params`` with only ``top_k`` routed experts per MoE
+        layer (Mixtral 8x7B: 12.9B of 46.7B; ``params`` for a dense model)."""
+        idle = self.moe_layers * (self.experts - self.top_k) * self.expert_params
+        return self.params - idle
 
     @property
     def embedding_params(self) -> int:
@@ -182,14 +267,18 @@ class Transformer:
     @property
     def params(self) -> int:
         """Exact number of parameters, embeddings included (tied weights counted once)."""
-        return (
-            self.layers * self.params_per_layer + self.embedding_params + self.output_params
-        )
+        return self.block_params + self.embedding_params + self.output_params
+
+    @property
+    def block_params(self) -> int:
+        """Every transformer block: dense ones and MoE ones."""
+        return ((self.layers - self.moe_layers) * self.params_per_layer
+                + self.moe_layers * self.moe_params_per_layer)
 
     @property
     def non_embedding_params(self) -> int:
         """Parameters in the transformer blocks and final norm (Kaplan et al.'s N)."""
-        return self.layers * self.params_per_layer + self.norm_params
+        return self.block_params + self.norm_params
 
     # ----------------------------------------------------------------- GEMMs and FLOPs
     def layer_gemms(
@@ -221,6 +310,32 @@ class Transformer:
         else:
             gemms.append(Gemm("mlp_up", tokens, f // tp, h))
         gemms.append(Gemm("mlp_down", tokens, h, f // tp))
+        return tuple(gemms)
+
+    def moe_layer_gemms(self, micro_batch: int = 1, seq_len: int | None = None
+                        ) -> tuple[Gemm, ...]:
+        """The matmuls of one MoE layer's forward pass on one GPU holding every expert, with
+        the tokens spread evenly over the experts: the attention of ``layer_gemms``, the router
+        (``tokens x h -> experts``), each routed expert's MLP as a batch of ``experts`` GEMMs of
+        ``tokens x top_k / experts`` rows (a grouped GEMM), and the shared experts' MLP over
+        every token.  Empty for a dense model."""
+        if not self.experts:
+            return ()
+        b, s = _positive("micro_batch", micro_batch), _positive(
+            "seq_len", self.seq_len if seq_len is None else seq_len)
+        tokens, h, e = b * s, self.hidden, self.experts
+        attention = [g for g in self.layer_gemms(b, 1, s) if not g.name.startswith("mlp_")]
+        per_expert = tokens * self.top_k / e
+        rows = round(per_expert) if per_expert >= 1 else 1
+        gemms = [*attention, Gemm("router", tokens, e, h)]
+        for prefix, m, width, batch in (("expert", rows, self.expert_ffn_hidden, e),
+                                        ("shared", tokens, self.shared_ffn_hidden,
+                                         self.shared_experts)):
+            if not batch:
+                continue
+            up = 2 * width if self.swiglu else width
+            gemms += [Gemm(f"{prefix}_up", m, up, h, batch=batch),
+                      Gemm(f"{prefix}_down", m, h, width, batch=batch)]
         return tuple(gemms)
 
     def layer_gemms_backward(
@@ -263,9 +378,19 @@ class Transformer:
     @property
     def flops_forward_per_token(self) -> float:
         """Model FLOPs of one token's forward pass at context ``seq_len`` (all layers + head)."""
-        layer = sum(g.flops for g in self.layer_gemms(1, 1)) / self.seq_len
-        head = self.head_gemm(1, 1).flops / self.seq_len
-        return self.layers * layer + head
+        return (self._block_flops_forward() + self.head_gemm(1, 1).flops) / self.seq_len
+
+    def _block_flops_forward(self) -> float:
+        """Forward FLOPs of every block for one sequence: dense layers and MoE layers (their
+        routed experts at ``top_k`` per token, exactly: ``2 top_k s`` rows of expert work)."""
+        dense = sum(g.flops for g in self.layer_gemms(1, 1))
+        if not self.experts:
+            return self.layers * dense
+        s, h = self.seq_len, self.hidden
+        moe = sum(g.flops for g in self.moe_layer_gemms(1) if not g.name.startswith("expert_"))
+        f = self.expert_ffn_hidden
+        moe += 2 * s * self.top_k * h * f * self.mlp_matrices  # the routed experts, exactly
+        return (self.layers - self.moe_layers) * dense + self.moe_layers * moe
 
     @property
     def flops_backward_per_token(self) -> float:
@@ -286,7 +411,7 @@ class Transformer:
             raise ValueError(f"recompute={recompute!r}; use 'none' or 'full'")
         extra = 0.0
         if recompute == "full":
-            extra = self.layers * sum(g.flops for g in self.layer_gemms(1, 1)) / self.seq_len
+            extra = self._block_flops_forward() / self.seq_len
         return tokens * (self.flops_per_token + extra)
 
     def megatron_params(self) -> float:
@@ -297,11 +422,15 @@ class Transformer:
                 * (1 + 13 / (12 * h) + (self.vocab + self.seq_len) / (12 * n_layers * h)))
 
     def __repr__(self) -> str:
+        moe = (f", {self.experts} experts top-{self.top_k}"
+               f"{f' + {self.shared_experts} shared' if self.shared_experts else ''} of "
+               f"{self.expert_ffn_hidden}, {self.active_params / 1e9:.3g}B active"
+               if self.experts else "")
         return (
             f"Transformer({self.name}: {self.params / 1e9:.3g}B params, l={self.layers}, "
             f"h={self.hidden}, a={self.heads}, kv={self.kv_heads}, s={self.seq_len}, "
             f"V={self.vocab}, ffn={self.ffn_hidden}{', swiglu' if self.swiglu else ''}"
-            f"{', tied' if self.tied_embeddings else ''})"
+            f"{', tied' if self.tied_embeddings else ''}{moe})"
         )
 
 
@@ -349,4 +478,22 @@ _PRESETS = (
     _gpt("megatron-529.6b", 105, 20480, 128, 2048, 51200),
     _gpt("megatron-1t", 128, 25600, 160, 2048, 51200),
 )
-PRESETS = MappingProxyType({m.name: m for m in _PRESETS})
+_MOE_PRESETS = (
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088, Table 1: dim 4096, 32 layers, head dim
+    # 128, hidden_dim 14336, 32 heads, 8 kv heads, vocab 32000, 8 experts, top-2 experts;
+    # "47B parameters, but only uses 13B active parameters"): 46.7B, 12.9B active.
+    replace(_llama("mixtral-8x7b", 32, 4096, 32, 14336, 32768, kv_heads=8), experts=8,
+            top_k=2),
+    # Mixtral 8x22B (Mistral AI, April 2024, "141B parameters ... 39B active"; HF config
+    # mistralai/Mixtral-8x22B-v0.1: hidden 6144, intermediate 16384, 56 layers, 48 heads, 8 kv
+    # heads, vocab 32768, context 65536, 8 local experts, 2 per token).
+    replace(_llama("mixtral-8x22b", 56, 6144, 48, 16384, 65536, kv_heads=8), vocab=32768,
+            experts=8, top_k=2),
+    # DeepSeekMoE 16B (Dai et al. 2024, arXiv:2401.06066, sec. 5; HF config
+    # deepseek-ai/deepseek-moe-16b-base: 28 layers, hidden 2048, 16 heads, first layer dense with
+    # intermediate 10944, then 64 routed experts of 1408 and 2 shared, 6 per token, vocab 102400,
+    # context 4096): 16.4B, 2.8B active.
+    replace(_llama("deepseek-moe-16b", 28, 2048, 16, 10944, 4096), vocab=102400, experts=64,
+            top_k=6, expert_ffn_hidden=1408, shared_experts=2, dense_layers=1),
+)
+PRESETS = MappingProxyType({m.name: m for m in _PRESETS + _MOE_PRESETS})

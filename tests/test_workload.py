@@ -162,3 +162,77 @@ def test_tp_splits_layer_flops_evenly(layers: int, head_dim: int, heads: int, gr
     split = sum(g.flops for g in m.layer_gemms(2, tp))
     assert one == tp * split
     assert m.flops_per_token == pytest.approx(3 * m.flops_forward_per_token)
+
+
+# -- mixture of experts --------------------------------------------------------------------
+
+
+def test_mixtral_counts_every_expert_and_activates_two() -> None:
+    """Jiang et al. 2024: "47B parameters, but only uses 13B active parameters"; the count is
+    exact for mistralai/Mixtral-8x7B-v0.1 (46,702,792,704)."""
+    m = Transformer.preset("mixtral-8x7b")
+    assert m.params == 46_702_792_704
+    assert m.active_params == 12_879_925_248
+    assert m.moe_layers == 32 and m.expert_params == 3 * 4096 * 14336
+    assert m.params - m.active_params == 32 * 6 * m.expert_params
+    big = Transformer.preset("mixtral-8x22b")  # "141B parameters ... 39B active"
+    assert big.params / 1e9 == pytest.approx(141, rel=0.005)
+    assert big.active_params / 1e9 == pytest.approx(39, rel=0.01)
+
+
+def test_deepseek_moe_has_shared_experts_and_a_dense_first_layer() -> None:
+    """Dai et al. 2024: DeepSeekMoE 16B, 16.4B parameters, 2.8B activated."""
+    m = Transformer.preset("deepseek-moe-16b")
+    assert m.moe_layers == 27 and m.dense_layers == 1
+    assert m.params / 1e9 == pytest.approx(16.4, rel=0.005)
+    assert m.active_params / 1e9 == pytest.approx(2.8, rel=0.015)
+    expert = 3 * 2048 * 1408
+    assert m.moe_params_per_layer - m.attention_params - 2 * m.norm_params == (
+        (64 + 2) * expert + 2048 * 64)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama2-7b"])
+def test_moe_flops_count_the_active_experts_and_the_router(name: str) -> None:
+    """Forward FLOPs per token = 2 x every active matrix parameter (embedding and norms
+    excluded, the router and the output layer included) + the s x s attention core."""
+    m = Transformer.preset(name, seq_len=256)
+    norms = (2 * m.layers + 1) * m.norm_params
+    matrices = m.active_params - m.embedding_params - norms
+    core = m.layers * 4 * m.seq_len * m.hidden
+    assert m.flops_forward_per_token == pytest.approx(2 * matrices + core, rel=1e-12)
+
+
+def test_moe_layer_gemms_group_the_experts() -> None:
+    m = Transformer.preset("deepseek-moe-16b", seq_len=1024)
+    g = {x.name: x for x in m.moe_layer_gemms(micro_batch=2)}
+    assert g["router"].m == 2048 and g["router"].n == 64
+    assert g["expert_up"].batch == 64 and g["expert_up"].m == 2048 * 6 // 64
+    assert g["expert_up"].n == 2 * 1408 and g["expert_down"].k == 1408
+    assert g["shared_up"].batch == 2 and g["shared_up"].m == 2048
+    assert Transformer.preset("llama2-7b").moe_layer_gemms() == ()
+    assert "mixtral-8x7b" in Transformer.presets()
+    assert "mixtral-8x7b" not in Transformer.presets(dense=True)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"experts": 8, "top_k": 9}, "top_k=9"),
+    ({"experts": 8}, "top_k=0"),
+    ({"top_k": 2}, "set experts"),
+    ({"shared_experts": 1}, "set experts"),
+    ({"experts": 8, "top_k": 2, "dense_layers": 2}, "leaves no MoE layer"),
+    ({"experts": -1}, "experts must be"),
+])
+def test_bad_moe_fields_name_the_fix(fields: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Transformer(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, **fields)
+
+
+def test_the_step_model_refuses_moe_layers_by_name() -> None:
+    import labsim
+
+    m = Transformer.preset("mixtral-8x7b", seq_len=4096)
+    for call in (lambda: labsim.Plan(dp=8).validate_for(m, 8),
+                 lambda: labsim.estimate_step(m, labsim.dgx_h100(1), labsim.Plan(dp=8)),
+                 lambda: labsim.activation_memory(m, micro_batch=1)):
+        with pytest.raises(ValueError, match="mixture-of-experts"):
+            call()

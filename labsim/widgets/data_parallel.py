@@ -44,7 +44,7 @@ def explore_data_parallel(**defaults: Any) -> Any:
                  accumulation=1, bucket_mb=25.0, overlap=True)
     start.update(defaults)
     controls = {
-        "model": w.Dropdown(options=list(Transformer.presets()), value=start["model"],
+        "model": w.Dropdown(options=list(Transformer.presets(dense=True)), value=start["model"],
                             description="model"),
         "preset": w.Dropdown(options=list(PRESETS),
                              value=start["preset"], description="cluster"),

@@ -15,7 +15,7 @@ from labsim.hardware import GPUS, gpu
 from labsim.memory import OPTIMIZERS, PRECISIONS, RECOMPUTE, zero_stages
 from labsim.plots.memory import memory_bars
 from labsim.widgets._explorer import Explorer
-from labsim.workload import PRESETS, Transformer
+from labsim.workload import Transformer
 
 
 def memory_figure(
@@ -61,7 +61,8 @@ def memory_explorer(**initial: Any) -> Explorer:
         "micro_batch": 1, "recompute": "none", "device": "A100-80GB", **initial,
     }
     controls = {
-        "model": w.Dropdown(options=list(PRESETS), value=values["model"], description="model"),
+        "model": w.Dropdown(options=list(Transformer.presets(dense=True)), value=values["model"],
+                            description="model"),
         "precision": w.Dropdown(options=PRECISIONS, value=values["precision"],
                                 description="precision"),
         "optimizer": w.Dropdown(options=OPTIMIZERS, value=values["optimizer"],
