@@ -141,6 +141,11 @@ _YEARS = {"narayanan2021": 2021, "megatronlm": 2021, "korthikanti2022": 2022,
           "meta2024": 2024, "torchtitan2024": 2024, "dgxc2504": 2025}
 
 
+def run_feature(run) -> str:
+    """What a run uses beyond dense 16-bit training: "FP8" or "BF16/FP16"."""
+    return "FP8" if run.plan_spec.get("fp8") else "BF16/FP16"
+
+
 def run_year(run) -> int:
     """The year ``run``'s figures were published (``_YEARS``, by the id's prefix)."""
     return next(y for prefix, y in _YEARS.items() if run.id.startswith(prefix))
@@ -245,7 +250,8 @@ def leave_one_stack_out(write: bool = False) -> None:
     print(f"every stack left out in turn: {len(every)} runs, median |error| "
           f"{statistics.median(every):.1%}, max {max(every):.1%}\n")
     by_id = {r.id: r for r in runs()}
-    for title, of in (("by year", lambda r: str(run_year(r))), ("by GPU", lambda r: r.gpu)):
+    for title, of in (("by year", lambda r: str(run_year(r))), ("by GPU", lambda r: r.gpu),
+                      ("by feature", run_feature)):
         print(title + ", every stack left out in turn:")
         groups: dict[str, list[float]] = {}
         for row in rows:

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from labsim.fp8 import TRANSPOSE_BYTES, cast_bytes, check_recipe
 from labsim.hardware import GPU
 from labsim.op_sac import op_sac_matmuls
 from labsim.precision import Precision, training_precision
@@ -272,7 +273,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
                attention: str = "flash", precision: str | Precision = "bf16",
                sustained: float | None = None, flash_kernel: str = "cuda",
-               recompute_early_stop: bool = False) -> LayerCost:
+               recompute_early_stop: bool = False, fp8: str | None = None) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -282,7 +283,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     ``recompute_early_stop``: full recomputation stops before the layer's last GEMM, as
     PyTorch's non-reentrant checkpoint does by default since 2.1 (``torch.utils.checkpoint``,
     ``set_checkpoint_early_stop``): it stops once every tensor the backward saved is rebuilt,
-    and the last one, the MLP output projection's input, is saved before that GEMM runs."""
+    and the last one, the MLP output projection's input, is saved before that GEMM runs.
+    ``fp8``: a recipe of ``labsim.fp8`` runs the linear layers' GEMMs in FP8, with its casts."""
     if model.experts:
         raise ValueError(f"{model.name} has mixture-of-experts layers: layer_cost prices a dense "
                          "layer's GEMMs (no grouped-GEMM or expert-parallel cost); use a dense "
@@ -295,6 +297,10 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     e = prec.activation_bytes
     tokens = micro_batch * s
     gemm_dtype = prec.peak_dtype(gpu)
+    lin_dtype, lin_e = (gemm_dtype, e) if fp8 is None else ("fp8", 1)  # the linear layers
+    if fp8 is not None and "fp8" not in gpu.peak_flops:
+        raise ValueError(f"fp8={check_recipe(fp8)!r} on {gpu.name}, which has no FP8 tensor "
+                         "cores: use an H100, H200 or B200, or fp8=None")
     gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
     fwd = PassCost()
     bwd = PassCost()
@@ -302,12 +308,16 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         if name in ("attn_scores", "attn_values"):
             continue
         m, n, k = g.m, g.n, g.k
-        t = gemm_time(m, n, k, gpu, gemm_dtype, bytes_per_element=e, sustained=su)
+        t = gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
         fwd += PassCost(t, g.flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
-        t_b = gemm_time(m, k, n, gpu, gemm_dtype, bytes_per_element=e, sustained=su) + gemm_time(
-            k, n, m, gpu, gemm_dtype, bytes_per_element=e, sustained=su)
+        t_b = gemm_time(m, k, n, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su) + \
+            gemm_time(k, n, m, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
         bwd += PassCost(t_b, 2.0 * g.flops)
+        if fp8 is not None:  # labsim.fp8: the input's cast (or transpose), the gradient's cast
+            cast = cast_bytes(fp8, e) if name == "attn_out" else TRANSPOSE_BYTES
+            fwd += PassCost(memory_time(m * k * cast, gpu, su), 0.0)
+            bwd += PassCost(memory_time(m * n * cast_bytes(fp8, e), gpu, su), 0.0)
 
     # Attention core: scores Q K^T and values P V, 2 * 2 * b * s^2 * d FLOP per head.
     qk, pv = gemms["attn_scores"], gemms["attn_values"]
@@ -350,11 +360,11 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         rec = fwd
         if recompute_early_stop:  # the MLP output projection is not run again
             last = gemms["mlp_down"]
-            rec = PassCost(fwd.time_s - gemm_time(last.m, last.n, last.k, gpu, gemm_dtype,
-                                                  bytes_per_element=e, sustained=su),
+            rec = PassCost(fwd.time_s - gemm_time(last.m, last.n, last.k, gpu, lin_dtype,
+                                                  bytes_per_element=lin_e, sustained=su),
                            fwd.flops - last.flops)
     elif recompute == "op-sac":
-        rec = _op_sac_recompute(model, tokens, tp, gpu, gemm_dtype, e, su,
+        rec = _op_sac_recompute(model, tokens, tp, gpu, lin_dtype, lin_e, su,
                                 fwd_elementwise=memory_time(elem_bytes, gpu, su))
         if attention == "standard":  # bmm and softmax are not on torchtitan's save list
             rec += core_f

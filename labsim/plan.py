@@ -19,6 +19,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from labsim.fp8 import check_recipe
 from labsim.pipeline import group_problems
 from labsim.precision import Precision, training_precision
 from labsim.software import PROFILES, SoftwareProfile, profile
@@ -98,6 +99,9 @@ class Plan:
         micro-batches, with no "every forward first when m = p" case and no need for m to be a
         multiple of p.  None: Megatron-LM's order (groups of p).  A larger N holds more
         activations on the early stages (``labsim.pipeline.interleaved_one_f_one_b``).
+    fp8: the linear layers' GEMMs in FP8 with Transformer Engine's ``"delayed"`` or
+        ``"current"`` scaling (``labsim.fp8``), the rest in the precision's 16-bit dtype; None:
+        no FP8.  Needs a GPU with FP8 tensor cores.
     """
 
     dp: int = 1
@@ -121,6 +125,7 @@ class Plan:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     microbatch_group: int | None = None
+    fp8: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
@@ -194,6 +199,11 @@ class Plan:
         except ValueError as exc:
             raise ValueError(f"precision={self.precision!r}: {exc}") from None
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.fp8 is not None:
+            check_recipe(self.fp8)
+            if training_precision(self.precision).compute not in ("bf16", "fp16"):
+                raise ValueError(f"fp8={self.fp8!r} with precision={self.precision!r}: FP8 "
+                                 "GEMMs run inside 16-bit training; use a bf16 precision")
         if not isinstance(self.software, SoftwareProfile) and (
                 not isinstance(self.software, str) or self.software not in PROFILES):
             raise ValueError(f"software={self.software!r}: choose one of {tuple(PROFILES)}")

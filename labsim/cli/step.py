@@ -143,6 +143,7 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         f"micro-batch {p.micro_batch} x {p.microbatches} per replica, global batch "
         f"{p.global_batch}, ZeRO-{p.zero_stage}, recompute={p.recompute}, "
         f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}"
+        + (f", fp8={p.fp8}" if p.fp8 else "")
         + ("".join(f", {what} counted as a layer" for what, counted in (
             ("embedding", p.account_for_embedding_in_pipeline_split),
             ("loss", p.account_for_loss_in_pipeline_split)) if counted)),

@@ -331,7 +331,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
                             sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
                             attention=plan.attention, precision=plan.numerics, sustained=su,
                             flash_kernel=soft.flash_kernel,
-                            recompute_early_stop=soft.recompute_early_stop)
+                            recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8)
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages

@@ -24,7 +24,9 @@ class StepResult:
     step_time_s: one optimizer step (``band``: how far to trust it); tokens_per_s: global
         tokens per second;
     model_flops_per_gpu_s: model FLOP/s per GPU (no recomputation counted);
-    mfu / hfu: model / hardware FLOPs utilisation against the dense peak;
+    mfu / hfu: model / hardware FLOPs utilisation against the dense peak of the plan's
+        16-bit (or fp32) dtype, with ``Plan(fp8=...)`` too (NeMo quotes an FP8 run's MFU
+        against the FP8 peak: half of this on an H100);
     bubble_fraction: idle fraction of the stages' compute from the step's start to the last
         backward, averaged over stages;
     memory: ``MemoryBreakdown`` of the first stage's GPU (None when not asked for);
