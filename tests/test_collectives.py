@@ -398,3 +398,20 @@ def test_nvls_reads_its_own_graph_not_the_rings():
     fast = topology(group_of(links_times(four, 1.25)))
     assert fast.bw_inter < t.bw_inter and fast.nvls_bw_inter >= t.nvls_bw_inter
     assert topology(group_of(dgx_a100(2))).nvls_heads == 0  # no NVLS before Hopper
+
+
+def test_what_one_rank_sends_in_each_spelling() -> None:
+    """One table of the ring's share (labsim.collectives.bandwidth.sent_factor), read by the
+    ZeRO-1 check (c10d operator names) and lab 09's bytes table (recorder kinds)."""
+    from labsim.collectives.bandwidth import sent_factor
+
+    for ops, share in ((("c10d::allreduce_", "all_reduce", "allreduce"), 1.5),
+                       (("c10d::_reduce_scatter_base_", "c10d::reduce_scatter_tensor_coalesced_",
+                         "reduce_scatter", "c10d::allgather_into_tensor_coalesced_",
+                         "c10d::_allgather_base_", "all_gather", "c10d::broadcast_",
+                         "c10d::alltoall_base_", "all_to_all", "c10d::scatter_", "gather"),
+                        0.75),
+                       (("c10d::send", "send"), 1.0)):
+        assert {op: sent_factor(op, 4) for op in ops} == dict.fromkeys(ops, share)
+    assert sent_factor("c10d::recv_", 4) is sent_factor("barrier", 4) is None
+    assert sent_factor("all_reduce", 2) == 1.0 and sent_factor("all_gather", 8) == 7 / 8

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labsim.collectives.bandwidth import sent_factor
 from labsim.lab.comm import CommRecorder
 from labsim.lab.device import rank_device
 from labsim.lab.memory import grad_bytes, optimizer_state_bytes, param_bytes
@@ -27,12 +28,6 @@ from labsim.parallel.zero import ShardedOptimizer, fsdp_wrap, zero3_wrap
 SETUPS = ("data-parallel Adam", "ZeRO-1", "ZeRO-3 by hand", "FSDP2", "FSDP2, bf16 compute")
 # bytes a rank sends per byte of a collective's whole tensor on a ring of n ranks
 # (broadcast and reduce: every rank but one passes the tensor on, as in a chain)
-_RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-         "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: (n - 1) / n,
-         "reduce": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-         "send": lambda n: 1.0}
-
-
 def _mlp(width: int, depth: int) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
@@ -116,8 +111,8 @@ def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
             state = optimizer_state_bytes(opt)
         by_kind: dict[str, int] = {}
         for op in rec.comms:
-            if op.kind in _RING:
+            if sent_factor(op.kind, world) is not None:
                 by_kind[op.kind] = by_kind.get(op.kind, 0) + op.nbytes
-        sent = sum(_RING[k](world) * v for k, v in by_kind.items())
+        sent = sum(sent_factor(k, world) * v for k, v in by_kind.items())  # type: ignore
         out[name] = RankBytes(param_bytes(model), grads, state, numel, sent, by_kind)
     return out

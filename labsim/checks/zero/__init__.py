@@ -39,7 +39,8 @@ from labsim.checks.data_parallel import (
     _spread,
     batches,
 )
-from labsim.checks.zero.zero3 import ALL_GATHER, REDUCE_SCATTER, zero3_linear
+from labsim.checks.zero.zero3 import REDUCE_SCATTER, zero3_linear
+from labsim.collectives.bandwidth import sent_factor
 from labsim.lab.profile import OpLog
 from labsim.memory import training_memory
 from labsim.parallel.data_parallel import (
@@ -188,19 +189,12 @@ def sent_bytes(messages: Sequence[Sequence[Any]], world: int) -> float:
     reduce (each rank but one passes S on) (N-1)/N S; a send S; receives and barriers nothing.
     So broadcasting each shard from its owner (``ZeroRedundancyOptimizer``'s way) costs what
     one all-gather does."""
-    share = (world - 1) / world
     total = 0.0
     for m in messages:
         op, out_bytes, in_bytes = m[0], m[1], m[2]
-        if op.startswith("c10d::allreduce"):
-            total += 2 * share * out_bytes
-        elif op in REDUCE_SCATTER:
-            total += share * in_bytes
-        elif op in ALL_GATHER or op.startswith("c10d::alltoall") or op in (
-                "c10d::broadcast_", "c10d::reduce_", "c10d::scatter_", "c10d::gather_"):
-            total += share * out_bytes
-        elif op == "c10d::send":
-            total += out_bytes
+        factor = sent_factor(op, world)  # labsim.collectives.bandwidth: the ring's share
+        if factor is not None:
+            total += factor * (in_bytes if op in REDUCE_SCATTER else out_bytes)
     return total
 
 
