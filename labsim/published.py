@@ -5,6 +5,8 @@
   Zay's Omni-Path (``labsim/data/nccl_tests.json``); each curve
   has a ``role``: ``"calibration"`` (the collective model's constants are fitted to it) or
   ``"validation"`` (never fitted to);
+* ``alltoall_curves()``: nccl-tests ``alltoall_perf`` curves of the same sources (A100 and
+  H100 nodes, H100 over InfiniBand up to 10 nodes), role ``"validation"`` only;
 * ``predict_curve(curve)``: the NCCL model's times for a curve's sizes, on the curve's system
   and in its launch mode;
 * ``runs()``: published training runs (``labsim/data/published_runs.json``): source, layout,
@@ -90,10 +92,21 @@ class Curve:
 
 @lru_cache(maxsize=1)
 def nccl_tests() -> tuple[Curve, ...]:
-    """The published nccl-tests curves shipped with labsim."""
+    """The published nccl-tests curves of the collectives shipped with labsim."""
+    return _curves("datasets")
+
+
+@lru_cache(maxsize=1)
+def alltoall_curves() -> tuple[Curve, ...]:
+    """The published nccl-tests ``alltoall_perf`` curves (grouped send/recv, every one of
+    role ``"validation"``), apart from ``nccl_tests()``: nothing is fitted to them."""
+    return _curves("p2p_datasets")
+
+
+def _curves(key: str) -> tuple[Curve, ...]:
     text = resources.files("labsim").joinpath("data/nccl_tests.json").read_text("utf-8")
     curves = []
-    for d in json.loads(text)["datasets"]:
+    for d in json.loads(text)[key]:
         pts = tuple((int(s), None if t is None else t * 1e-6, None if b is None else b * 1e9)
                     for s, t, b in d["points"])
         curves.append(Curve(d["id"], d["system"], d["nodes"], d["gpus"], d["op"], d["launch"],

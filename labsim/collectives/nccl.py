@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import MappingProxyType
 
@@ -277,11 +277,76 @@ def _net_channels_GBps(group: Group, channels: int, node_load: float) -> float:
     return channels * per_channel / 1e9 / node_load
 
 
+# NCCL's point-to-point schedule (NVIDIA/nccl v2.29.2): a p2p step carries P2P_NVL_CHUNKSIZE
+# bytes inside an all-NVLink node, P2P_PCI_CHUNKSIZE inside any other, P2P_NET_CHUNKSIZE once
+# the communicator spans nodes (src/init.cc computeBuffSizes); a network channel per 14 GB/s of NIC
+# (src/graph/paths.cc, NCCL_P2P_PER_CHANNEL_NET_BW); a channel runs the works of at most
+# NCCL_MAX_DEV_WORK_P2P_PER_BATCH peers at once (src/include/device.h)
+P2P_CHUNK_NVL = 2.0**19
+P2P_CHUNK_NET = 2.0**17
+P2P_CHUNK_PCI = 2.0**17
+P2P_NET_CHANNEL_GBPS = 14
+P2P_PER_BATCH = 8
+
+
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def p2p_split(group: Group, topo: Topology, peer_bytes: float) -> tuple[int, float]:
+    """(channels, chunk bytes) NCCL gives each peer's message of ``peer_bytes`` in an
+    all-to-all of ``group`` (NVIDIA/nccl v2.29.2).
+
+    src/graph/paths.cc ncclTopoComputeP2pChannels: ``p2pnChannels`` is the communicator's
+    channels rounded up to a power of two; ``p2pnChannelsPerPeer`` is 2 per NVLink of a
+    peer inside the node (ncclTopoGetNchannels: on an NVSwitch node, more than the
+    communicator has; 2 over PCIe) or, once the communicator spans nodes, one per 14 GB/s
+    of the GPU's NIC (at least one per NIC), halved while ``ceil(nranks / 8)`` batches of
+    peers would not fit the channels.  src/enqueue.cc scheduleP2pTasksToPlan /
+    addP2pToPlan: a peer's message starts on ``nChannelsMin`` channels
+    (``p2pnChannelsPerPeer`` halved until every rank fits the channels once), at most one per
+    ``minPart`` bytes, and doubles its channels (up to ``p2pnChannelsPerPeer``) while a
+    channel's part exceeds ``maxPart``: a chunk / 8 and 32 chunks inside a node, half a chunk
+    and one chunk across nodes; on the network a message shorter than 8 chunks moves in half
+    chunks, one shorter than a chunk in quarters."""
+    n, cross = group.nranks, group.nnodes > 1
+    channels = _pow2_up(topo.channels)
+    if cross:
+        nic_GBps = group.cluster.inter_node.bandwidth_Bps / 1e9
+        per_peer = _pow2_up(max(1, math.ceil(nic_GBps / P2P_NET_CHANNEL_GBPS)))
+        while per_peer * math.ceil(n / P2P_PER_BATCH) > channels and per_peer > 1:
+            per_peer //= 2
+        step, min_part, max_part = P2P_CHUNK_NET, P2P_CHUNK_NET / 2, P2P_CHUNK_NET
+    else:
+        nvlink = topo.intra == "nvlink"
+        per_peer = channels if nvlink else min(2, channels)
+        step = P2P_CHUNK_NVL if nvlink else P2P_CHUNK_PCI
+        min_part, max_part = step / 8, 32 * step
+    start = per_peer
+    while start * n > channels and start > 1:
+        start //= 2
+    nc = max(1, min(start, math.ceil(peer_bytes / min_part)))
+    part = max(min_part, peer_bytes / nc)
+    while part > max_part and nc <= per_peer // 2:
+        nc *= 2
+        part = peer_bytes / nc
+    chunk = step
+    if cross:
+        chunk = step / 4 if peer_bytes < step else step / 2 if peer_bytes < 8 * step else step
+    return nc, chunk
+
+
 def _p2p(op: str, nbytes: float, group: Group, topo: Topology,
          physics: NcclPhysics) -> CollectiveCost:
     """Point-to-point traffic (NCCL send/recv, all-to-all as grouped send/recv): one Simple
     step; ``sendrecv`` is one message from one rank of ``group`` to another (a pipeline send:
-    the group's two ranks), all-to-all every rank sending (n-1)/n of ``nbytes``."""
+    the group's two ranks), all-to-all every rank sending (n-1)/n of ``nbytes``.
+
+    An all-to-all also pays its pipeline fill: each of its ``n x channels`` parts
+    (``p2p_split``) runs concurrently, chunk by chunk, through the peer's FIFO (the
+    sender's warps copy a chunk in, the receiver's copy it out: src/device/sendrecv.h), so
+    the last chunk of every part costs one chunk more at the part's share of the bandwidth.
+    """
     n, nn, ppn, nics = group.nranks, group.nnodes, group.nranks / group.nnodes, group.nics
     cross = nn > 1
     hw = 14.0 if cross else (3.4 if topo.intra == "nvlink" else 5.7)
@@ -294,9 +359,16 @@ def _p2p(op: str, nbytes: float, group: Group, topo: Topology,
         nic = ppn * (n - ppn) / n / nics if cross else 0.0
         net_channels = topo.channels
     cap = _net_channels_GBps(group, net_channels, nic * nics) * 1e9
-    return CollectiveCost(op, nbytes, group, "p2p", "Simple", topo.channels, lat, cap,
+    cost = CollectiveCost(op, nbytes, group, "p2p", "Simple", topo.channels, lat, cap,
                           intra, nic, (8.4 + hw) * 1e-6 + nbytes / (
                               1e9 * topo.channels * topo.bw_intra))
+    if op == "alltoall":
+        peer_bytes = nbytes / n
+        nc, chunk = p2p_split(group, topo, peer_bytes)
+        piece = min(chunk, peer_bytes / nc)
+        fill = piece * n * nc / cost.bandwidth_Bps
+        cost = replace(cost, latency_s=lat + fill)
+    return cost
 
 
 def nccl_estimate_s(op: str, nbytes: float, group: Group, algorithm: str,
