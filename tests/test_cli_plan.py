@@ -101,3 +101,20 @@ def test_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "does not exist" in capsys.readouterr().err
     assert main(["plan", str(tmp_path / "missing.toml")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_the_search_tries_fp8_where_the_gpu_has_it(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    h100 = SMALL.replace("dgx-a100", "dgx-h100") + "fp8=['off', 'delayed']\n"
+    out = tmp_path / "rank.csv"
+    assert main(["plan", str(_write(tmp_path, h100)), "--csv", str(out), "--top", "40",
+                 "--workers", "1", "--quiet"]) == 0
+    recipes = [r["fp8"] for r in csv.DictReader(out.open(encoding="utf-8"))]
+    assert recipes.count("delayed") == recipes.count("") > 0  # every plan with and without
+    assert recipes[0] == "delayed"  # FP8 GEMMs are faster here
+    assert " fp8 " in capsys.readouterr().out  # the table names the FP8 plans
+    a100 = SMALL + "fp8=['off', 'delayed']\n"
+    assert main(["plan", str(_write(tmp_path, a100, "a.toml")), "--workers", "1",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no FP8 tensor cores" in err and len(err.strip().splitlines()) == 1

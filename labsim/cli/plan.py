@@ -9,7 +9,8 @@ The config has these tables::
     [search]   global_batch = 1024              (sequences per step; required)
                micro_batches = [1, 2, 4]        (optional: any argument of candidate_plans:
                zero_stages, recompute, sequence_parallel, tp_comm_overlap, max_virtual_stages,
-               tp_max, precision, software; and confirm = 5, how many to simulate)
+               tp_max, precision, software, fp8 = ["off", "delayed"]; and confirm = 5, how
+               many to simulate)
     [budget]   tokens = 2e12                    (optional: the run's token budget, and
                usd_per_gpu_hour = 4.9 or price = "aws-p5-capacity-block", usd_per_kwh,
                pue, power_W)
@@ -35,8 +36,9 @@ from labsim.units import fmt_bytes, fmt_time
 
 SEARCH_KEYS = {"global_batch", "micro_batches", "zero_stages", "recompute",
                "sequence_parallel", "tp_comm_overlap", "max_virtual_stages", "tp_max",
-               "precision", "software", "confirm"}
-LISTS = {"micro_batches", "zero_stages", "recompute", "sequence_parallel", "tp_comm_overlap"}
+               "precision", "software", "confirm", "fp8"}
+LISTS = {"micro_batches", "zero_stages", "recompute", "sequence_parallel", "tp_comm_overlap",
+         "fp8"}
 BUDGET_KEYS = {"tokens", "usd_per_gpu_hour", "price", "usd_per_kwh", "pue", "power_W"}
 
 
@@ -64,6 +66,8 @@ def _search(table: dict) -> tuple[int, dict]:
             raise ValueError(f"[search] {key} = {space[key]!r}: must be a non-empty list, "
                              f"e.g. {key} = [{'1, 2' if key == 'micro_batches' else '...'}]")
         space[key] = tuple(space[key])
+    if "fp8" in space:  # TOML has no null: "off" is 16-bit GEMMs
+        space["fp8"] = tuple(None if r == "off" else r for r in space["fp8"])
     return table["global_batch"], space
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +58,8 @@ REASONS = {
 def layout_name(plan: Plan) -> str:
     """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
     return f"{plan.dp}x{plan.tp}x{plan.pp}" + (f" v{plan.virtual_stages}"
-                                               if plan.virtual_stages > 1 else "")
+                                               if plan.virtual_stages > 1 else "") + (
+        " fp8" if plan.fp8 else "")
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,16 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                     sequence_parallel: Sequence[bool] = (False, True),
                     tp_comm_overlap: Sequence[bool] | None = None,
                     tp_max: int | None = None,
-                    precision: str = "bf16", **fixed: Any) -> Iterator[dict[str, Any]]:
+                    precision: str = "bf16", fp8: Sequence[str | None] = (None,),
+                    **fixed: Any) -> Iterator[dict[str, Any]]:
     """Every combination of plan fields the search looks at (as ``Plan`` keyword arguments;
     ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
     Sequence parallelism and TP overlap are varied only where tp > 1; TP overlap by default
     only where the software profile can hide TP communication (``tp_overlap_hidden`` > 0:
     Megatron-Core with Transformer Engine) and the TP group stays inside a node (beyond, the
     overlap hides nothing: ``StepCosts.tp_hidden``); ``tp_max`` caps tp (e.g. at a node's
-    GPUs)."""
+    GPUs); ``fp8``: the FP8 recipes to try (``labsim.fp8``; None: 16-bit GEMMs), e.g.
+    ``(None, "delayed")`` on an H100."""
     if fixed.get("microbatch_group") is not None:
         raise ValueError(
             "microbatch_group cannot be fixed for a search: it must lie between each "
@@ -161,6 +165,12 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     if tp_comm_overlap is None:
         hides = profile(fixed.get("software", "generic")).tp_overlap_hidden > 0
         tp_comm_overlap = (False, True) if hides else (False,)
+    fp8 = tuple(fp8)
+    if not fp8:
+        raise ValueError("fp8=(): give at least one choice, None for 16-bit GEMMs")
+    if any(r is not None for r in fp8) and "fp8" not in cluster.gpu.peak_flops:
+        raise ValueError(f"fp8={fp8!r} on {cluster.gpu.name}, which has no FP8 tensor cores: "
+                         "search fp8=(None,)")
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
@@ -174,14 +184,13 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                 for mb in micro_batches:
                     for zero in zero_stages:
                         for rc in recompute:
-                            for sp in sps:
-                                for ov in overlaps:
-                                    yield dict(dp=dp, tp=tp, pp=pp, virtual_stages=v,
-                                               schedule="interleaved" if v > 1 else "1f1b",
-                                               micro_batch=mb, global_batch=global_batch,
-                                               zero_stage=zero, recompute=rc,
-                                               sequence_parallel=sp, tp_comm_overlap=ov,
-                                               precision=precision, **fixed)
+                            for sp, ov, f8 in itertools.product(sps, overlaps, fp8):
+                                yield dict(dp=dp, tp=tp, pp=pp, virtual_stages=v,
+                                           schedule="interleaved" if v > 1 else "1f1b",
+                                           micro_batch=mb, global_batch=global_batch,
+                                           zero_stage=zero, recompute=rc,
+                                           sequence_parallel=sp, tp_comm_overlap=ov,
+                                           precision=precision, fp8=f8, **fixed)
 
 
 def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
