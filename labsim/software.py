@@ -112,9 +112,9 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 from labsim.collectives.tuner import ALGOS, parse_choice
-from labsim.compute import FLASH_KERNELS
+from labsim.efficiency import FLASH_KERNELS
 from labsim.hardware import GPU
-from labsim.memory import CROSS_ENTROPY
+from labsim.loss import CROSS_ENTROPY
 
 ZERO3_UNITS = ("layer", "tensor")
 ZERO3_GRAD_OPS = ("reduce_scatter", "allreduce")
