@@ -121,7 +121,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sequence_parallel: bool = False, recompute: str = "none",
                attention: str = "flash", precision: str | Precision = "bf16",
                sustained: float | None = None, flash_kernel: str = "cuda",
-               recompute_early_stop: bool = False, fp8: str | None = None) -> LayerCost:
+               recompute_early_stop: bool = False, fp8: str | None = None,
+               moe: bool | None = None) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -132,11 +133,15 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     PyTorch's non-reentrant checkpoint does by default since 2.1 (``torch.utils.checkpoint``,
     ``set_checkpoint_early_stop``): it stops once every tensor the backward saved is rebuilt,
     and the last one, the MLP output projection's input, is saved before that GEMM runs.
-    ``fp8``: a recipe of ``labsim.fp8`` runs the linear layers' GEMMs in FP8, with its casts."""
-    if model.experts:
-        raise ValueError(f"{model.name} has mixture-of-experts layers: layer_cost prices a dense "
-                         "layer's GEMMs (no grouped-GEMM or expert-parallel cost); use a dense "
-                         "model")
+    ``fp8``: a recipe of ``labsim.fp8`` runs the linear layers' GEMMs in FP8, with its casts.
+    ``moe``: for a mixture-of-experts model, whether the layer is an MoE layer (True) or one of
+    its leading dense layers (False); ``moe_linears`` gives an MoE layer's GEMMs."""
+    if bool(moe) and not model.experts or model.experts and moe is None:
+        raise ValueError(f"moe={moe!r} for {model.name}: give moe=True (an MoE layer) or False "
+                         "(a dense layer) for a mixture-of-experts model, None for a dense one")
+    if moe and recompute == "op-sac":
+        raise ValueError("recompute='op-sac' saves a dense block's matmuls (labsim.op_sac); "
+                         "use 'selective' or 'full' for an MoE layer")
     if flash_kernel not in FLASH_KERNELS:
         raise ValueError(f"flash_kernel={flash_kernel!r}: choose one of {FLASH_KERNELS}")
     h, s = model.hidden, model.seq_len
@@ -150,22 +155,27 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         raise ValueError(f"fp8={check_recipe(fp8)!r} on {gpu.name}, which has no FP8 tensor "
                          "cores: use an H100, H200 or B200, or fp8=None")
     gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
+    linears = [(g.name, g.m, g.n, g.k, 1) for g in gemms.values()
+               if g.name not in ("attn_scores", "attn_values")]
+    if moe:
+        linears = [x for x in linears if not x[0].startswith("mlp_")]
+        linears += moe_linears(model, tokens, tp)
     fwd = PassCost()
     bwd = PassCost()
-    for name, g in gemms.items():
-        if name in ("attn_scores", "attn_values"):
-            continue
-        m, n, k = g.m, g.n, g.k
-        t = gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
-        fwd += PassCost(t, g.flops)
+    for name, m, n, k, count in linears:  # count: identical GEMMs, each priced alone
+        flops = 2.0 * m * n * k * count
+        t = count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
+        fwd += PassCost(t, flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
-        t_b = gemm_time(m, k, n, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su) + \
-            gemm_time(k, n, m, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
-        bwd += PassCost(t_b, 2.0 * g.flops)
+        t_b = count * (gemm_time(m, k, n, gpu, lin_dtype, bytes_per_element=lin_e,
+                                 sustained=su)
+                       + gemm_time(k, n, m, gpu, lin_dtype, bytes_per_element=lin_e,
+                                   sustained=su))
+        bwd += PassCost(t_b, 2.0 * flops)
         if fp8 is not None:  # labsim.fp8: the input's cast (or transpose), the gradient's cast
             cast = cast_bytes(fp8, e) if name == "attn_out" else TRANSPOSE_BYTES
-            fwd += PassCost(memory_time(m * k * cast, gpu, su), 0.0)
-            bwd += PassCost(memory_time(m * n * cast_bytes(fp8, e), gpu, su), 0.0)
+            fwd += PassCost(memory_time(count * m * k * cast, gpu, su), 0.0)
+            bwd += PassCost(memory_time(count * m * n * cast_bytes(fp8, e), gpu, su), 0.0)
 
     # Attention core: scores Q K^T and values P V, 2 * 2 * b * s^2 * d FLOP per head.
     qk, pv = gemms["attn_scores"], gemms["attn_values"]
@@ -199,18 +209,25 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     # one write).  Without sequence parallelism every TP rank repeats the b*s*h ones.
     per_h = 2 * (2 * e) + 2 * (3 * e + 1)
     shard = tp if sequence_parallel else 1
-    f_shard = model.ffn_hidden // tp
-    elem_bytes = tokens * h * per_h / shard + tokens * f_shard * (3 if model.swiglu else 2) * e
+    act = (3 if model.swiglu else 2) * e
+    elem_bytes = tokens * h * per_h / shard
+    if moe:  # the experts' activations; dispatch and combine move every routed token twice
+        k_tok = tokens * model.top_k  # each way; the router's fp32 scores are read and written
+        elem_bytes += (k_tok * model.expert_ffn_hidden / tp + tokens * model.shared_experts
+                       * model.shared_ffn_hidden / tp) * act
+        elem_bytes += 2 * k_tok * h * 2 * e + tokens * model.experts * 2 * 4
+    else:
+        elem_bytes += tokens * (model.ffn_hidden // tp) * act
     fwd += PassCost(memory_time(elem_bytes, gpu, su), 0.0)
     bwd += PassCost(memory_time(2 * elem_bytes, gpu, su), 0.0)  # gradients in and out, inputs
 
     if recompute == "full":
         rec = fwd
-        if recompute_early_stop:  # the MLP output projection is not run again
-            last = gemms["mlp_down"]
-            rec = PassCost(fwd.time_s - gemm_time(last.m, last.n, last.k, gpu, lin_dtype,
-                                                  bytes_per_element=lin_e, sustained=su),
-                           fwd.flops - last.flops)
+        if recompute_early_stop:  # the MLP's output projections are not run again
+            for _name, m, n, k, count in (x for x in linears if x[0].endswith("down")):
+                rec = PassCost(rec.time_s - count * gemm_time(
+                    m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su),
+                    rec.flops - 2.0 * m * n * k * count)
     elif recompute == "op-sac":
         rec = _op_sac_recompute(model, tokens, tp, gpu, lin_dtype, lin_e, su,
                                 fwd_elementwise=memory_time(elem_bytes, gpu, su))
@@ -221,6 +238,27 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     else:  # FlashAttention already recomputes its scores inside the backward kernel
         rec = PassCost()
     return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
+
+
+def moe_linears(model: Transformer, tokens: int, tp: int = 1
+                ) -> list[tuple[str, float, int, int, int]]:
+    """An MoE layer's GEMMs besides attention on one GPU of a ``tp``-way group holding every
+    expert (no expert parallelism), as ``(name, m, n, k, count)``: the router (every token,
+    ``h -> experts``), each routed expert's up and down projections on ``tokens x top_k /
+    experts`` rows (the tokens spread evenly), each shared expert's on every token; the
+    experts' width split over ``tp`` as a dense MLP's is (column- then row-parallel).  Each
+    expert's GEMM is priced alone, at its own size's efficiency, as Megatron-Core's
+    ``SequentialMLP`` runs them (a grouped-GEMM kernel can do better on small experts)."""
+    h, up = model.hidden, 2 if model.swiglu else 1
+    rows = tokens * model.top_k / model.experts
+    out: list[tuple[str, float, int, int, int]] = [("router", tokens, model.experts, h, 1)]
+    for prefix, m, width, count in (("expert", rows, model.expert_ffn_hidden, model.experts),
+                                    ("shared", tokens, model.shared_ffn_hidden,
+                                     model.shared_experts)):
+        if count:
+            out += [(f"{prefix}_up", m, up * width // tp, h, count),
+                    (f"{prefix}_down", m, h, width // tp, count)]
+    return out
 
 
 def _op_sac_recompute(model: Transformer, tokens: int, tp: int, gpu: GPU, gemm_dtype: str,

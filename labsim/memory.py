@@ -173,7 +173,7 @@ def training_memory(
 
 
 def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0,
-                 layers: int | None = None) -> int:
+                 layers: int | None = None, first_layer: int | None = None) -> int:
     """Parameters held by one tensor-parallel rank of pipeline stage ``stage``.
 
     Layers split evenly over ``pp`` stages (or ``layers`` of them on this stage, as
@@ -182,7 +182,10 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     embeddings Megatron keeps a copy of the word embedding there).  Under tensor parallelism
     (Shoeybi et al. 2019) the QKV, output projection, MLP matrices, column-parallel biases and
     the vocabulary are split over ``tp``; norms, row-parallel biases and position embeddings
-    are replicated.
+    are replicated.  A mixture-of-experts model's MoE layers hold every expert (no expert
+    parallelism), each split over ``tp`` as a dense MLP is, and the router whole; its leading
+    dense layers are those of the stage's layers from ``first_layer`` (default: ``stage``
+    times the even share) that come before ``dense_layers``.
     """
     model.check_tp(tp)
     if not isinstance(pp, int) or pp < 1 or (layers is None and model.layers % pp):
@@ -202,7 +205,18 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     else:
         replicated_bias = 0
     per_layer = sharded + replicated_bias + 2 * model.norm_params
-    total = (model.layers // pp if layers is None else layers) * per_layer
+    n = model.layers // pp if layers is None else layers
+    total = n * per_layer
+    if model.experts:  # the stage's MoE layers: their MLP is the experts and the router
+        first = stage * (model.layers // pp) if first_layer is None else first_layer
+        moe = n - max(0, min(first + n, model.dense_layers) - first)
+
+        def mlp(width: int) -> int:  # one MLP on one rank; its output bias replicated
+            return m * h * (width // tp) + (((m - 1) * (width // tp) + h) if model.bias else 0)
+
+        experts = (model.experts * mlp(model.expert_ffn_hidden) + model.router_params
+                   + model.shared_experts * mlp(model.shared_ffn_hidden))
+        total += moe * (experts - mlp(f))
     vocab_shard = -(-model.vocab // tp) * h
     if stage == 0:
         total += vocab_shard
@@ -226,6 +240,7 @@ def activation_per_layer(
     mask_bytes: float | None = None,
     attention: str = "standard",
     swiglu_fused: bool = False,
+    moe: bool | None = None,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
@@ -251,13 +266,18 @@ def activation_per_layer(
 
     ``recompute="op-sac"``: torchtitan's op-level selective checkpointing,
     ``op_sac_per_layer`` (its masks are regenerated, none kept).
+
+    ``moe``: for a mixture-of-experts model, an MoE layer (True) or a leading dense one
+    (False).  An MoE layer keeps, instead of the MLP's tensors, each routed token's copy
+    (``top_k`` h-wide rows: the experts' inputs) and its expert's f-wide tensors, the shared
+    experts' tensors over every token, and the router's fp32 scores (``experts`` per token);
+    the tokens spread evenly over the experts.
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
-    if model.experts:
-        raise ValueError(f"{model.name} has mixture-of-experts layers: activation_per_layer "
-                         "counts a dense layer's tensors (router, dispatch buffers and the "
-                         "experts' inputs are not modelled); use a dense model")
+    if bool(moe) and not model.experts or model.experts and moe is None:
+        raise ValueError(f"moe={moe!r} for {model.name}: give moe=True (an MoE layer) or False "
+                         "(a dense layer) for a mixture-of-experts model, None for a dense one")
     if attention not in ATTENTION:
         raise ValueError(f"attention={attention!r}; use one of {ATTENTION}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
@@ -280,6 +300,9 @@ def activation_per_layer(
     d, m = dtype_bytes, mask_bytes
     sbh = s * b * h
     if recompute == "op-sac":
+        if moe:
+            raise ValueError("recompute='op-sac' saves a dense block's matmuls; use "
+                             "'selective' or 'full' for an MoE layer")
         return op_sac_per_layer(model, micro_batch=b, tp=t,
                                 sequence_parallel=sequence_parallel, dtype_bytes=d,
                                 attention=attention)
@@ -290,9 +313,16 @@ def activation_per_layer(
     # tensors (2 for GeLU, 4 for SwiGLU).  For the GPT layer of the paper (K, V as wide as
     # Q, a 4h GeLU MLP) the split part is 24 sbh.
     kv = model.kv_dim / h
-    f = model.ffn_hidden / h
-    mlp = (3 if swiglu_fused else 4) * f if model.swiglu else 2 * f
-    replicated = 4 * d + 2 * m  # 10 for d = 2, m = 1
+
+    def widths(f: float) -> float:  # an MLP's f-wide tensors, in units of h
+        return (3 if swiglu_fused else 4) * f if model.swiglu else 2 * f
+
+    mlp, routed = widths(model.ffn_hidden / h), 0.0
+    if moe:  # the f-wide tensors split over tp; the routed copies and scores on every rank
+        mlp = (model.top_k * widths(model.expert_ffn_hidden / h)
+               + model.shared_experts * widths(model.shared_ffn_hidden / h))
+        routed = d * model.top_k + 4 * model.experts / h
+    replicated = 4 * d + 2 * m + routed  # 10 for d = 2, m = 1 (a dense layer)
     split = d * (2 + 2 * kv + mlp)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
     if attention == "flash":
@@ -323,7 +353,9 @@ def activation_memory(
     ``L * activation_per_layer * (1 + (p-1)/(p v))`` with the interleaving factor applying
     only when ``virtual_stages`` v > 1 (Korthikanti et al. 2022, Sec. 4.2.3; with v = 1 the
     first stage holds p micro-batches of L/p layers = L layers).  Embedding-dropout and
-    output-layer buffers (a few sbh, Sec. 4.3) are not included.
+    output-layer buffers (a few sbh, Sec. 4.3) are not included.  A mixture-of-experts model
+    counts each layer as its MoE layers (``activation_per_layer(moe=True)``) or its leading
+    dense ones, whichever keeps more.
     """
     if not isinstance(pp, int) or pp < 1 or model.layers % pp:
         raise ValueError(f"pp={pp!r} must be a positive divisor of layers={model.layers}")
@@ -334,16 +366,11 @@ def activation_memory(
             f"layers={model.layers} must be divisible by pp * virtual_stages = "
             f"{pp * virtual_stages} for the interleaved schedule"
         )
-    per_layer = activation_per_layer(
-        model,
-        micro_batch=micro_batch,
-        tp=tp,
-        sequence_parallel=sequence_parallel,
-        recompute=recompute,
-        dtype_bytes=dtype_bytes,
-        mask_bytes=mask_bytes,
-        attention=attention,
-    )
+    per_layer = max(activation_per_layer(
+        model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+        recompute=recompute, dtype_bytes=dtype_bytes, mask_bytes=mask_bytes,
+        attention=attention, moe=moe)
+        for moe in ((True, False) if model.experts else (None,)))
     factor = 1 + (pp - 1) / (pp * virtual_stages) if virtual_stages > 1 else 1.0
     return model.layers * per_layer * factor
 
@@ -420,12 +447,13 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
     chunks = plan.pp * v
-    def layer_bytes(recompute: str) -> float:
-        return activation_per_layer(
+    def layer_bytes(recompute: str) -> float:  # an MoE model: its larger kind of layer
+        return max(activation_per_layer(
             model, micro_batch=plan.micro_batch, tp=plan.tp,
             sequence_parallel=plan.sequence_parallel, recompute=recompute,
             dtype_bytes=prec.activation_bytes, attention=plan.attention,
-            swiglu_fused=swiglu_fused)
+            swiglu_fused=swiglu_fused, moe=moe)
+            for moe in ((True, False) if model.experts else (None,)))
 
     per_layer = layer_bytes(plan.recompute)
     split = plan.chunk_layers(model.layers)
@@ -444,7 +472,8 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
                                                tp=plan.tp, dtype_bytes=prec.activation_bytes,
                                                kernel=cross_entropy))
     activations += transient
-    n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g])
+    n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g],
+                               first_layer=sum(split[:g]))
                   for g in range(0, chunks, plan.pp)))
     states = training_memory(n, precision=prec, optimizer=plan.optimizer,
                              zero_stage=plan.zero_stage, dp=plan.dp)

@@ -293,12 +293,11 @@ class Plan:
         if not all(hasattr(model, a) for a in ("layers", "heads", "hidden")):
             raise ValueError(f"model must be a labsim.Transformer (e.g. labsim.Transformer."
                              f"preset('gpt3-175b')), got {type(model).__name__}")
-        if getattr(model, "experts", 0):
-            raise ValueError(
-                f"{getattr(model, 'name', 'this model')} has mixture-of-experts layers, which "
-                "the step model does not price (it has no expert parallelism or grouped-GEMM "
-                "cost): take its FLOPs from Transformer.flops_per_token / active_params and its "
-                "model states from labsim.training_memory(model.params)")
+        name = getattr(model, "name", "this model")
+        if getattr(model, "experts", 0) and self.zero_stage == 3:
+            raise ValueError(f"zero_stage=3 with {name}'s mixture-of-experts layers: the step "
+                             "model gathers ZeRO-3 units of dense layers only; use zero_stage "
+                             "<= 2")
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)
@@ -312,7 +311,11 @@ class Plan:
                 f"tp={self.tp} and kv_heads={kv_heads}: one must divide the other so KV heads "
                 f"are split or replicated evenly"
             )
-        self.chunk_layers(layers)
+        split = self.chunk_layers(layers)
+        if getattr(model, "experts", 0) and model.dense_layers > split[0]:
+            raise ValueError(f"{name}'s {model.dense_layers} leading dense layers do not fit "
+                             f"in the first of {len(split)} pipeline chunks ({split[0]} "
+                             "layers): use fewer pipeline stages or virtual stages")
         if gpus is not None and self.gpus != gpus:
             raise ValueError(
                 f"dp * tp * pp = {self.dp} * {self.tp} * {self.pp} = {self.gpus} but the "

@@ -225,14 +225,3 @@ def test_moe_layer_gemms_group_the_experts() -> None:
 def test_bad_moe_fields_name_the_fix(fields: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Transformer(layers=2, hidden=64, heads=4, seq_len=16, vocab=100, **fields)
-
-
-def test_the_step_model_refuses_moe_layers_by_name() -> None:
-    import labsim
-
-    m = Transformer.preset("mixtral-8x7b", seq_len=4096)
-    for call in (lambda: labsim.Plan(dp=8).validate_for(m, 8),
-                 lambda: labsim.estimate_step(m, labsim.dgx_h100(1), labsim.Plan(dp=8)),
-                 lambda: labsim.activation_memory(m, micro_batch=1)):
-        with pytest.raises(ValueError, match="mixture-of-experts"):
-            call()

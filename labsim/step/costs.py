@@ -327,11 +327,17 @@ def _gather_overhead_s(soft: SoftwareProfile, ranks: int, nbytes: float, gpu: GP
 def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluster,
             net: FoldedNetwork, tp_group: Group) -> list[ChunkCost]:
     soft = profile(plan.software)
-    lc = compute.layer_cost(model, plan.micro_batch, gpu, tp=plan.tp,
-                            sequence_parallel=plan.sequence_parallel, recompute=plan.recompute,
-                            attention=plan.attention, precision=plan.numerics, sustained=su,
-                            flash_kernel=soft.flash_kernel,
-                            recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8)
+
+    def layer(moe: bool | None) -> compute.LayerCost:
+        return compute.layer_cost(
+            model, plan.micro_batch, gpu, tp=plan.tp, sequence_parallel=plan.sequence_parallel,
+            recompute=plan.recompute, attention=plan.attention, precision=plan.numerics,
+            sustained=su, flash_kernel=soft.flash_kernel,
+            recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe)
+
+    # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
+    lc = layer(True if model.experts else None)
+    dense = layer(False) if model.dense_layers else lc
     head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
                                           precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages
@@ -346,17 +352,22 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
         f, b = (head_f, head_b) if end == n_chunks - 1 else (compute.PassCost(),
                                                               compute.PassCost())
         n = split[end]
-        params = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n))
+        first = sum(split[:end])
+        d = max(0, min(first + n, model.dense_layers) - first)  # dense layers of this chunk
+        params = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n,
+                                    first_layer=first))
         # the profile's pass adding each micro-batch's gradient into the accumulated one (ZeRO-2
         # and ZeRO-3 reduce every micro-batch's gradient instead of accumulating it whole)
         accumulate = (compute.memory_time(soft.accumulate_bytes_per_param * params, gpu, su)
                       if plan.zero_stage <= 1 else 0.0)
         figures[end] = (
-            n, n * lc.forward.time_s + f.time_s,
-            n * lc.backward.time_s + b.time_s + accumulate, n * lc.recompute.time_s,
+            n, (n - d) * lc.forward.time_s + d * dense.forward.time_s + f.time_s,
+            (n - d) * lc.backward.time_s + d * dense.backward.time_s + b.time_s + accumulate,
+            (n - d) * lc.recompute.time_s + d * dense.recompute.time_s,
             f.time_s, b.time_s,
-            n * (lc.forward.flops + lc.backward.flops + lc.recompute.flops)
-            + f.flops + b.flops, n * lc.model_flops + f.flops + b.flops, params)
+            sum(k * (x.forward.flops + x.backward.flops + x.recompute.flops)
+                for k, x in ((n - d, lc), (d, dense))) + f.flops + b.flops,
+            (n - d) * lc.model_flops + d * dense.model_flops + f.flops + b.flops, params)
     tp_bytes = round(lc.tp_bytes)
     out = []
     for g in range(n_chunks):
