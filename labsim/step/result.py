@@ -7,7 +7,7 @@ and an error band from the validation on published runs (``labsim.bands``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from labsim.bands import ErrorBand, error_band
@@ -76,8 +76,13 @@ class StepResult:
     def band(self) -> ErrorBand:
         """How far to trust ``step_time_s``: the median and largest error of published runs
         of this software's stack predicted with that stack left out of the fit
-        (``labsim.bands``)."""
-        return error_band(self.plan.software)
+        (``labsim.bands``); a mixture-of-experts model's says that no published MoE run
+        stands behind it."""
+        band = error_band(self.plan.software)
+        if self.costs is not None and self.costs.model.experts:
+            return replace(band, basis=band.basis + "; dense runs only: no published MoE run "
+                                                    "validates its MoE layers")
+        return band
 
     def __getstate__(self) -> dict:
         """Pickle the spans, not the engine that can build them (to send a result from a
