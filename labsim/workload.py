@@ -123,38 +123,11 @@ class Transformer:
                 f"kv_heads={self.kv_heads} does not divide heads={self.heads}; grouped-query "
                 "attention needs heads to be a multiple of kv_heads"
             )
-        self._check_experts()
+        _check_experts(self)
         if self.positions not in POSITIONS:
             raise ValueError(f"positions={self.positions!r}; use one of {POSITIONS}")
         if self.norm not in NORMS:
             raise ValueError(f"norm={self.norm!r}; use one of {NORMS}")
-
-    def _check_experts(self) -> None:
-        for name in ("experts", "top_k", "shared_experts", "dense_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not self.experts:
-            if self.top_k or self.shared_experts or self.dense_layers or (
-                    self.expert_ffn_hidden is not None or self.shared_ffn_hidden is not None):
-                raise ValueError("top_k, shared_experts, dense_layers and the expert widths "
-                                 "describe MoE layers: set experts (the routed experts per "
-                                 "layer) too, or leave them out for a dense model")
-            return
-        if not 1 <= self.top_k <= self.experts:
-            raise ValueError(f"top_k={self.top_k}: each token goes to 1 to experts="
-                             f"{self.experts} routed experts; set top_k in that range")
-        if self.dense_layers >= self.layers:
-            raise ValueError(f"dense_layers={self.dense_layers} leaves no MoE layer of "
-                             f"layers={self.layers}; use fewer dense layers or experts=0")
-        if self.expert_ffn_hidden is None:
-            object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
-        if self.shared_ffn_hidden is None:
-            object.__setattr__(self, "shared_ffn_hidden", self.expert_ffn_hidden)
-        for name in ("expert_ffn_hidden", "shared_ffn_hidden"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     # ----------------------------------------------------------------- presets
     @classmethod
@@ -432,6 +405,36 @@ class Transformer:
             f"V={self.vocab}, ffn={self.ffn_hidden}{', swiglu' if self.swiglu else ''}"
             f"{', tied' if self.tied_embeddings else ''}{moe})"
         )
+
+
+def _check_experts(model: Transformer) -> None:
+    """Validate a model's mixture-of-experts fields (``Transformer`` doc); fill the expert
+    widths' defaults."""
+    for name in ("experts", "top_k", "shared_experts", "dense_layers"):
+        value = getattr(model, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not model.experts:
+        if model.top_k or model.shared_experts or model.dense_layers or (
+                model.expert_ffn_hidden is not None or model.shared_ffn_hidden is not None):
+            raise ValueError("top_k, shared_experts, dense_layers and the expert widths "
+                             "describe MoE layers: set experts (the routed experts per "
+                             "layer) too, or leave them out for a dense model")
+        return
+    if not 1 <= model.top_k <= model.experts:
+        raise ValueError(f"top_k={model.top_k}: each token goes to 1 to experts="
+                         f"{model.experts} routed experts; set top_k in that range")
+    if model.dense_layers >= model.layers:
+        raise ValueError(f"dense_layers={model.dense_layers} leaves no MoE layer of "
+                         f"layers={model.layers}; use fewer dense layers or experts=0")
+    if model.expert_ffn_hidden is None:
+        object.__setattr__(model, "expert_ffn_hidden", model.ffn_hidden)
+    if model.shared_ffn_hidden is None:
+        object.__setattr__(model, "shared_ffn_hidden", model.expert_ffn_hidden)
+    for name in ("expert_ffn_hidden", "shared_ffn_hidden"):
+        value = getattr(model, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _positive(name: str, value: int) -> int:

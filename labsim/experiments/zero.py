@@ -10,7 +10,6 @@ and measures what each rank holds (``labsim.lab.memory``) and what its collectiv
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +104,7 @@ def bytes_worker(rank: int, world: int, width: int = 256, depth: int = 4,
         params = list(model.parameters())
         grad_tensors = [p.grad for p in params if p.grad is not None]
         if name == "ZeRO-1":
-            gc.collect()  # a step's buffers caught in a reference cycle are not state
-            state = created.held_bytes(exclude=params + grad_tensors)
+            state = created.settled_held_bytes(params + grad_tensors)
         else:
             state = optimizer_state_bytes(opt)
         by_kind: dict[str, int] = {}

@@ -30,9 +30,11 @@ autograd's engine the operators ran under (a ``backward`` that calls
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -424,6 +426,26 @@ class OpLog(TorchDispatchMode):
         skip = {StorageWeakRef(t.untyped_storage()) for t in exclude}
         alive = {ref: n for ref, n in self.created if not ref.expired() and ref not in skip}
         return sum(alive.values())
+
+    def settled_held_bytes(self, exclude: Iterable[torch.Tensor] = (), polls: int = 10,
+                           wait_s: float = 0.005, enough: int = 0) -> int:
+        """``held_bytes(exclude)`` once what is only briefly alive has died: a collective's
+        tensors can stay referenced for a moment after the call returns (seen with gloo: the
+        last all-gather's buffer on one rank, freed milliseconds later) and a buffer caught in
+        a reference cycle lives until the collector runs.  The smallest of ``polls`` readings
+        ``wait_s`` apart, a collection before each, stopping once one is ``enough`` or less;
+        held bytes only fall, and what is really kept stays."""
+        exclude = list(exclude)
+        held = None
+        for i in range(polls):
+            if i:
+                time.sleep(wait_s)
+            gc.collect()
+            reading = self.held_bytes(exclude)
+            held = reading if held is None else min(held, reading)
+            if held <= enough:
+                break
+        return int(held or 0)
 
     def summary(self) -> dict[str, Any]:
         """What was seen, as plain data (names, counts, sizes)."""

@@ -345,5 +345,5 @@ def zero1_run(rank: int, world: int, cls: Callable[..., Any], config: str,
     for log in logs:
         merged.created.extend(log.created)
     return AdamRun(losses, parameters_of(model), _spread(model),
-                   held_bytes=merged.held_bytes(params), steps=steps,
+                   held_bytes=merged.settled_held_bytes(params), steps=steps,
                    references=sorted(set(refs)))

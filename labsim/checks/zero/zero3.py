@@ -26,7 +26,6 @@ than declared:
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,20 +247,10 @@ def _gather_flat(tensors: Sequence[torch.Tensor], numel: int) -> torch.Tensor:
 
 def settled_held(log: OpLog, exclude: Sequence[torch.Tensor], polls: int = 50,
                  wait_s: float = 0.01) -> int:
-    """``log.held_bytes(exclude)`` once what is only briefly alive has died.  A collective's
-    tensors can stay referenced for a moment after the call returns (seen with gloo: the last
-    all-gather's buffer on one rank, freed milliseconds later), so a measurement above
-    ``SLACK_BYTES`` is repeated every ``wait_s`` (a cycle collection once on the way) and the
-    smallest kept.  What a layer really keeps stays."""
-    held = log.held_bytes(exclude)
-    for i in range(polls):
-        if held <= SLACK_BYTES:
-            break
-        time.sleep(wait_s)
-        if i == polls // 10:
-            gc.collect()
-        held = min(held, log.held_bytes(exclude))
-    return held
+    """``log.held_bytes(exclude)`` once what is only briefly alive has died
+    (``OpLog.settled_held_bytes``), polled until it is within ``SLACK_BYTES``: what a layer
+    really keeps stays."""
+    return log.settled_held_bytes(exclude, polls=polls, wait_s=wait_s, enough=SLACK_BYTES)
 
 
 def _build(cls: Callable[..., Any], forbid: Sequence[str]
