@@ -408,8 +408,7 @@ class Transformer:
 
 
 def _check_experts(model: Transformer) -> None:
-    """Validate a model's mixture-of-experts fields (``Transformer`` doc); fill the expert
-    widths' defaults."""
+    """Check a model's mixture-of-experts fields (``Transformer`` doc); default the widths."""
     for name in ("experts", "top_k", "shared_experts", "dense_layers"):
         value = getattr(model, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -427,11 +426,10 @@ def _check_experts(model: Transformer) -> None:
     if model.dense_layers >= model.layers:
         raise ValueError(f"dense_layers={model.dense_layers} leaves no MoE layer of "
                          f"layers={model.layers}; use fewer dense layers or experts=0")
-    if model.expert_ffn_hidden is None:
-        object.__setattr__(model, "expert_ffn_hidden", model.ffn_hidden)
-    if model.shared_ffn_hidden is None:
-        object.__setattr__(model, "shared_ffn_hidden", model.expert_ffn_hidden)
-    for name in ("expert_ffn_hidden", "shared_ffn_hidden"):
+    for name, default in (("expert_ffn_hidden", model.ffn_hidden),
+                          ("shared_ffn_hidden", model.expert_ffn_hidden or model.ffn_hidden)):
+        if getattr(model, name) is None:
+            object.__setattr__(model, name, default)
         value = getattr(model, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
