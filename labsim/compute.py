@@ -44,7 +44,7 @@ from labsim.efficiency import (  # noqa: F401  (re-exported: labsim.compute's co
     efficiency,
     log_curve,
 )
-from labsim.fp8 import TRANSPOSE_BYTES, cast_bytes, check_recipe
+from labsim.fp8 import TRANSPOSE_BYTES, cast_bytes, check_gpu
 from labsim.hardware import GPU
 from labsim.op_sac import op_sac_matmuls
 from labsim.precision import Precision, training_precision
@@ -151,9 +151,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     tokens = micro_batch * s
     gemm_dtype = prec.peak_dtype(gpu)
     lin_dtype, lin_e = (gemm_dtype, e) if fp8 is None else ("fp8", 1)  # the linear layers
-    if fp8 is not None and "fp8" not in gpu.peak_flops:
-        raise ValueError(f"fp8={check_recipe(fp8)!r} on {gpu.name}, which has no FP8 tensor "
-                         "cores: use an H100, H200 or B200, or fp8=None")
+    check_gpu((fp8,), gpu)
     gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
     linears = [(g.name, g.m, g.n, g.k, 1) for g in gemms.values()
                if g.name not in ("attn_scores", "attn_values")]

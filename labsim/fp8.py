@@ -27,6 +27,8 @@ MXFP8), FP8 attention, FP8 all-gathers of tensor-parallel activations.
 
 from __future__ import annotations
 
+from labsim.devices import GPU
+
 FP8_RECIPES = ("delayed", "current")
 
 
@@ -35,6 +37,15 @@ def check_recipe(recipe: str) -> str:
     if recipe not in FP8_RECIPES:
         raise ValueError(f"fp8={recipe!r}: choose one of {FP8_RECIPES}, or None for no FP8")
     return recipe
+
+
+def check_gpu(recipes: tuple[str | None, ...], gpu: GPU) -> None:
+    """``ValueError`` naming the fix when any of ``recipes`` (None: no FP8) is asked of a GPU
+    without FP8 tensor cores; each recipe checked (``check_recipe``)."""
+    wanted = tuple(check_recipe(r) for r in recipes if r is not None)
+    if wanted and "fp8" not in gpu.peak_flops:
+        raise ValueError(f"fp8={wanted[0]!r} on {gpu.name}, which has no FP8 tensor cores: use "
+                         "an H100, H200 or B200, or no FP8 (fp8=None)")
 
 
 def cast_bytes(recipe: str, source_bytes: float) -> float:

@@ -26,9 +26,9 @@ Without dropout the s x s term is ``2as^2b`` (the softmax output, kept once), a 
 keeps four f-wide tensors instead of two, and FlashAttention keeps an fp32 log-sum-exp per
 head and token instead of the s x s tensors (``activation_per_layer``).
 
-``"op-sac"`` is torchtitan's op-level selective activation checkpointing (``op_sac_saved``):
-each block keeps its input, the outputs of every other ``aten.mm`` and of the SDPA kernel, and
-recomputes the rest in backward.
+``"op-sac"`` is torchtitan's op-level selective activation checkpointing
+(``labsim.op_sac.op_sac_per_layer``): each block keeps its input, the outputs of every other
+``aten.mm`` and of the SDPA kernel, and recomputes the rest in backward.
 
 Under 1F1B the first of p pipeline stages holds p micro-batches of L/p layers = L layers'
 worth; interleaving with v virtual stages multiplies by ``1 + (p-1)/(p v)`` (Sec. 4.2.3).

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labsim.cluster import Cluster
+from labsim.fp8 import check_gpu
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
 from labsim.software import profile
@@ -168,9 +169,7 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     fp8 = tuple(fp8)
     if not fp8:
         raise ValueError("fp8=(): give at least one choice, None for 16-bit GEMMs")
-    if any(r is not None for r in fp8) and "fp8" not in cluster.gpu.peak_flops:
-        raise ValueError(f"fp8={fp8!r} on {cluster.gpu.name}, which has no FP8 tensor cores: "
-                         "search fp8=(None,)")
+    check_gpu(fp8, cluster.gpu)
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
