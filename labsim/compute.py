@@ -44,6 +44,7 @@ from labsim.efficiency import (  # noqa: F401  (re-exported: labsim.compute's co
     efficiency,
     log_curve,
 )
+from labsim.expert_parallel import check_imbalance, check_moe_layer, local_experts, routed_rows
 from labsim.fp8 import TRANSPOSE_BYTES, cast_bytes, check_gpu
 from labsim.hardware import GPU
 from labsim.op_sac import op_sac_matmuls
@@ -122,7 +123,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                attention: str = "flash", precision: str | Precision = "bf16",
                sustained: float | None = None, flash_kernel: str = "cuda",
                recompute_early_stop: bool = False, fp8: str | None = None,
-               moe: bool | None = None) -> LayerCost:
+               moe: bool | None = None, ep: int = 1,
+               expert_imbalance: float = 1.0) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -135,10 +137,12 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     and the last one, the MLP output projection's input, is saved before that GEMM runs.
     ``fp8``: a recipe of ``labsim.fp8`` runs the linear layers' GEMMs in FP8, with its casts.
     ``moe``: for a mixture-of-experts model, whether the layer is an MoE layer (True) or one of
-    its leading dense layers (False); ``moe_linears`` gives an MoE layer's GEMMs."""
-    if bool(moe) and not model.experts or model.experts and moe is None:
-        raise ValueError(f"moe={moe!r} for {model.name}: give moe=True (an MoE layer) or False "
-                         "(a dense layer) for a mixture-of-experts model, None for a dense one")
+    its leading dense layers (False); ``moe_linears`` gives an MoE layer's GEMMs.
+    ``ep``, ``expert_imbalance``: expert parallelism (``labsim.expert_parallel``): the rank's
+    ``experts / ep`` experts on ``ep`` times the rows each, the busiest rank's (``imbalance``
+    times the mean) setting the time; the FLOPs stay the mean rank's."""
+    check_moe_layer(model, moe)
+    imbalance = check_imbalance(expert_imbalance)
     if moe and recompute == "op-sac":
         raise ValueError("recompute='op-sac' saves a dense block's matmuls (labsim.op_sac); "
                          "use 'selective' or 'full' for an MoE layer")
@@ -157,11 +161,12 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                if g.name not in ("attn_scores", "attn_values")]
     if moe:
         linears = [x for x in linears if not x[0].startswith("mlp_")]
-        linears += moe_linears(model, tokens, tp)
+        linears += moe_linears(model, tokens, tp, ep)
     fwd = PassCost()
     bwd = PassCost()
-    for name, m, n, k, count in linears:  # count: identical GEMMs, each priced alone
-        flops = 2.0 * m * n * k * count
+    for name, rows, n, k, count in linears:  # count: identical GEMMs, each priced alone
+        flops = 2.0 * rows * n * k * count
+        m = rows * imbalance if name.startswith("expert_") else rows
         t = count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
         fwd += PassCost(t, flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
@@ -211,8 +216,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     elem_bytes = tokens * h * per_h / shard
     if moe:  # the experts' activations; dispatch and combine move every routed token twice
         k_tok = tokens * model.top_k  # each way; the router's fp32 scores are read and written
-        elem_bytes += (k_tok * model.expert_ffn_hidden / tp + tokens * model.shared_experts
-                       * model.shared_ffn_hidden / tp) * act
+        elem_bytes += (k_tok * imbalance * model.expert_ffn_hidden / tp
+                       + tokens * model.shared_experts * model.shared_ffn_hidden / tp) * act
         elem_bytes += 2 * k_tok * h * 2 * e + tokens * model.experts * 2 * 4
     else:
         elem_bytes += tokens * (model.ffn_hidden // tp) * act
@@ -222,9 +227,10 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     if recompute == "full":
         rec = fwd
         if recompute_early_stop:  # the MLP's output projections are not run again
-            for _name, m, n, k, count in (x for x in linears if x[0].endswith("down")):
+            for name, m, n, k, count in (x for x in linears if x[0].endswith("down")):
+                rows = m * imbalance if name.startswith("expert_") else m
                 rec = PassCost(rec.time_s - count * gemm_time(
-                    m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su),
+                    rows, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su),
                     rec.flops - 2.0 * m * n * k * count)
     elif recompute == "op-sac":
         rec = _op_sac_recompute(model, tokens, tp, gpu, lin_dtype, lin_e, su,
@@ -238,19 +244,21 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
 
 
-def moe_linears(model: Transformer, tokens: int, tp: int = 1
+def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1
                 ) -> list[tuple[str, float, int, int, int]]:
-    """An MoE layer's GEMMs besides attention on one GPU of a ``tp``-way group holding every
-    expert (no expert parallelism), as ``(name, m, n, k, count)``: the router (every token,
-    ``h -> experts``), each routed expert's up and down projections on ``tokens x top_k /
-    experts`` rows (the tokens spread evenly), each shared expert's on every token; the
+    """An MoE layer's GEMMs besides attention on one GPU of a ``tp``-way group and an
+    ``ep``-way expert-parallel group, as ``(name, m, n, k, count)``: the router (every token,
+    ``h -> experts``), each of the rank's ``experts / ep`` routed experts' up and down
+    projections on ``tokens x top_k x ep / experts`` rows (the tokens spread evenly,
+    ``labsim.expert_parallel.routed_rows``), each shared expert's on every token; the
     experts' width split over ``tp`` as a dense MLP's is (column- then row-parallel).  Each
     expert's GEMM is priced alone, at its own size's efficiency, as Megatron-Core's
     ``SequentialMLP`` runs them (a grouped-GEMM kernel can do better on small experts)."""
     h, up = model.hidden, 2 if model.swiglu else 1
-    rows = tokens * model.top_k / model.experts
+    rows = routed_rows(model, tokens, ep)
     out: list[tuple[str, float, int, int, int]] = [("router", tokens, model.experts, h, 1)]
-    for prefix, m, width, count in (("expert", rows, model.expert_ffn_hidden, model.experts),
+    for prefix, m, width, count in (("expert", rows, model.expert_ffn_hidden,
+                                     local_experts(model, ep)),
                                     ("shared", tokens, model.shared_ffn_hidden,
                                      model.shared_experts)):
         if count:

@@ -41,6 +41,13 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from labsim.expert_parallel import (
+    check_imbalance,
+    check_moe_layer,
+    mlp_shard_params,
+    moe_layers_of,
+    routed_expert_params,
+)
 from labsim.loss import loss_memory
 from labsim.op_sac import op_sac_per_layer
 from labsim.pipeline import in_flight_peak
@@ -173,7 +180,8 @@ def training_memory(
 
 
 def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0,
-                 layers: int | None = None, first_layer: int | None = None) -> int:
+                 layers: int | None = None, first_layer: int | None = None,
+                 ep: int = 1) -> int:
     """Parameters held by one tensor-parallel rank of pipeline stage ``stage``.
 
     Layers split evenly over ``pp`` stages (or ``layers`` of them on this stage, as
@@ -182,8 +190,9 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     embeddings Megatron keeps a copy of the word embedding there).  Under tensor parallelism
     (Shoeybi et al. 2019) the QKV, output projection, MLP matrices, column-parallel biases and
     the vocabulary are split over ``tp``; norms, row-parallel biases and position embeddings
-    are replicated.  A mixture-of-experts model's MoE layers hold every expert (no expert
-    parallelism), each split over ``tp`` as a dense MLP is, and the router whole; its leading
+    are replicated.  A mixture-of-experts model's MoE layers hold ``experts / ep`` experts
+    (``labsim.expert_parallel``), each split over ``tp`` as a dense MLP is, and the router
+    whole; its leading
     dense layers are those of the stage's layers from ``first_layer`` (default: ``stage``
     times the even share) that come before ``dense_layers``.
     """
@@ -209,14 +218,9 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     total = n * per_layer
     if model.experts:  # the stage's MoE layers: their MLP is the experts and the router
         first = stage * (model.layers // pp) if first_layer is None else first_layer
-        moe = n - max(0, min(first + n, model.dense_layers) - first)
-
-        def mlp(width: int) -> int:  # one MLP on one rank; its output bias replicated
-            return m * h * (width // tp) + (((m - 1) * (width // tp) + h) if model.bias else 0)
-
-        experts = (model.experts * mlp(model.expert_ffn_hidden) + model.router_params
-                   + model.shared_experts * mlp(model.shared_ffn_hidden))
-        total += moe * (experts - mlp(f))
+        experts = (routed_expert_params(model, tp, ep) + model.router_params
+                   + model.shared_experts * mlp_shard_params(model, model.shared_ffn_hidden, tp))
+        total += moe_layers_of(model, n, first) * (experts - mlp_shard_params(model, f, tp))
     vocab_shard = -(-model.vocab // tp) * h
     if stage == 0:
         total += vocab_shard
@@ -241,6 +245,7 @@ def activation_per_layer(
     attention: str = "standard",
     swiglu_fused: bool = False,
     moe: bool | None = None,
+    expert_imbalance: float = 1.0,
 ) -> float:
     """Activation bytes one layer keeps for backward (Korthikanti et al. 2022, Table 2).
 
@@ -271,13 +276,12 @@ def activation_per_layer(
     (False).  An MoE layer keeps, instead of the MLP's tensors, each routed token's copy
     (``top_k`` h-wide rows: the experts' inputs) and its expert's f-wide tensors, the shared
     experts' tensors over every token, and the router's fp32 scores (``experts`` per token);
-    the tokens spread evenly over the experts.
+    the tokens spread evenly over the experts, or on the busiest expert-parallel rank
+    ``expert_imbalance`` times the mean (``labsim.expert_parallel``).
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute={recompute!r}; use one of {RECOMPUTE}")
-    if bool(moe) and not model.experts or model.experts and moe is None:
-        raise ValueError(f"moe={moe!r} for {model.name}: give moe=True (an MoE layer) or False "
-                         "(a dense layer) for a mixture-of-experts model, None for a dense one")
+    check_moe_layer(model, moe)
     if attention not in ATTENTION:
         raise ValueError(f"attention={attention!r}; use one of {ATTENTION}")
     if not isinstance(micro_batch, int) or micro_batch < 1:
@@ -319,9 +323,10 @@ def activation_per_layer(
 
     mlp, routed = widths(model.ffn_hidden / h), 0.0
     if moe:  # the f-wide tensors split over tp; the routed copies and scores on every rank
-        mlp = (model.top_k * widths(model.expert_ffn_hidden / h)
+        k = model.top_k * check_imbalance(expert_imbalance)
+        mlp = (k * widths(model.expert_ffn_hidden / h)
                + model.shared_experts * widths(model.shared_ffn_hidden / h))
-        routed = d * model.top_k + 4 * model.experts / h
+        routed = d * k + 4 * model.experts / h
     replicated = 4 * d + 2 * m + routed  # 10 for d = 2, m = 1 (a dense layer)
     split = d * (2 + 2 * kv + mlp)  # 24 for d = 2, kv = 1, f = 4 (GeLU)
     linear = (replicated + split) / t if sequence_parallel else replicated + split / t
@@ -452,7 +457,7 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
             model, micro_batch=plan.micro_batch, tp=plan.tp,
             sequence_parallel=plan.sequence_parallel, recompute=recompute,
             dtype_bytes=prec.activation_bytes, attention=plan.attention,
-            swiglu_fused=swiglu_fused, moe=moe)
+            swiglu_fused=swiglu_fused, moe=moe, expert_imbalance=plan.expert_imbalance)
             for moe in ((True, False) if model.experts else (None,)))
 
     per_layer = layer_bytes(plan.recompute)
@@ -473,16 +478,22 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
                                                kernel=cross_entropy))
     activations += transient
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g],
-                               first_layer=sum(split[:g]))
+                               first_layer=sum(split[:g]), ep=plan.ep)
                   for g in range(0, chunks, plan.pp)))
-    states = training_memory(n, precision=prec, optimizer=plan.optimizer,
+    # the routed experts' states shard over the expert-data-parallel group (dp / ep ranks)
+    routed = float(sum(moe_layers_of(model, split[g], sum(split[:g]))
+                       for g in range(0, chunks, plan.pp))
+                   * routed_expert_params(model, plan.tp, plan.ep))
+    states = training_memory(n - routed, precision=prec, optimizer=plan.optimizer,
                              zero_stage=plan.zero_stage, dp=plan.dp)
-    params = states.params
+    experts = training_memory(routed, precision=prec, optimizer=plan.optimizer,
+                              zero_stage=plan.zero_stage, dp=plan.dp // plan.ep)
+    params = states.params + experts.params
     if plan.zero_stage == 3 and plan.dp > 1:
         unit = max(zero3_unit_params(model, plan.tp, zero3_unit))
         params += (plan.zero3_prefetch + 2) * unit * prec.weight_bytes
         if zero3_unit == "layer":  # FSDP's root unit: embedding, final norm, output layer
             root = stage_params(model, tp=plan.tp, pp=plan.pp, layers=0)
             params += root * prec.weight_bytes
-    grads = states.grads + extra_grad_bytes_per_param * n
-    return MemoryBreakdown(params, grads, states.optimizer, activations)
+    grads = states.grads + experts.grads + extra_grad_bytes_per_param * n
+    return MemoryBreakdown(params, grads, states.optimizer + experts.optimizer, activations)

@@ -19,6 +19,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from labsim.expert_parallel import check_ep, check_imbalance
 from labsim.fp8 import check_recipe
 from labsim.pipeline import group_problems
 from labsim.precision import Precision, training_precision
@@ -102,6 +103,11 @@ class Plan:
     fp8: the linear layers' GEMMs in FP8 with Transformer Engine's ``"delayed"`` or
         ``"current"`` scaling (``labsim.fp8``), the rest in the precision's 16-bit dtype; None:
         no FP8.  Needs a GPU with FP8 tensor cores.
+    ep: expert parallelism (``labsim.expert_parallel``): each MoE layer's experts split over
+        ``ep`` neighbouring data-parallel ranks, tokens dispatched to them and combined back by
+        two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
+    expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
+        balanced); the MoE layer waits for that rank.
     """
 
     dp: int = 1
@@ -126,10 +132,17 @@ class Plan:
     account_for_loss_in_pipeline_split: bool = False
     microbatch_group: int | None = None
     fp8: str | None = None
+    ep: int = 1
+    expert_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep"):
             object.__setattr__(self, name, _whole(name, getattr(self, name)))
+        if self.dp % self.ep:
+            raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: the expert-parallel "
+                             "group is made of data-parallel ranks (Megatron-Core); choose ep "
+                             "dividing dp")
+        object.__setattr__(self, "expert_imbalance", check_imbalance(self.expert_imbalance))
         if self.gpus > 2**20:
             raise ValueError(f"dp * tp * pp = {self.gpus:,} GPUs is more than the 1,048,576 "
                              "this simulator accepts; use smaller degrees")
@@ -298,6 +311,8 @@ class Plan:
             raise ValueError(f"zero_stage=3 with {name}'s mixture-of-experts layers: the step "
                              "model gathers ZeRO-3 units of dense layers only; use zero_stage "
                              "<= 2")
+        if getattr(model, "experts", 0) or self.ep > 1:
+            check_ep(model, self.ep, self.dp, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)

@@ -158,12 +158,26 @@ class _Engine:
         return self.net.flow(placed.nbytes * count * share, placed.pipes, placed.loads,
                              placed.cap_Bps, latency + placed.latency_s * count * share)
 
-    def _op(self, work: float, tp: Placed | None, calls: int) -> Generator:
-        """Compute of one op and its tensor-parallel collectives (blocking or overlapped)."""
+    def _op(self, work: float, tp: Placed | None, calls: int, ep: Placed | None = None,
+            ep_calls: int = 0) -> Generator:
+        """Compute of one op and its tensor-parallel collectives (blocking or overlapped);
+        with expert parallelism ``work`` holds its all-to-alls' seconds alone, which move
+        on the network after the compute (blocking)."""
+        busy: simpy.Event | None = None
+        if ep is not None and ep.pipes and ep_calls:
+            compute = work - ep.alone_s * ep_calls
+
+            def body() -> Generator:
+                yield self.env.timeout(compute)
+                yield self._flow(ep, ep_calls)
+            busy = self.env.process(body())
         if self.hidden and tp is not None and calls:
-            yield self.env.all_of([self.env.timeout(work),
+            yield self.env.all_of([busy or self.env.timeout(work),
                                    self._flow(tp, calls, share=self.hidden)])
             yield self._flow(tp, calls, share=1 - self.hidden)
+        elif busy is not None:
+            yield busy
+            yield self._flow(tp, calls)
         else:
             yield self._flow(tp, calls, latency=work)
 
@@ -220,7 +234,7 @@ class _Engine:
                 for k in range(n_buckets):  # ready as backward walks the layers
                     self._stream(s, bucket, start + planned * (k + 1) / n_buckets,
                                  f"bucket {k} chunk {g}")
-            yield from self._op(work, ch.tp, calls)
+            yield from self._op(work, ch.tp, calls, ch.ep, ch.ep_fwd if forward else ch.ep_bwd)
             end = env.now
             busy += end - start
             self.spans.extend(self._op_spans(s, kind, mb, g, start, end))

@@ -9,8 +9,9 @@
   (``labsim.collectives.nccl``) of the tensor-parallel collectives of a layer, the pipeline
   sends between stages, the data-parallel gradient buckets, ZeRO-1/2's parameter all-gather,
   ZeRO-3's per-layer (or per-tensor) all-gathers and gradient reduce-scatters, and the
-  all-reduce of a tied embedding's gradient between the first and the last stage -- and the
-  pipes of the **folded network** they load.
+  all-reduce of a tied embedding's gradient between the first and the last stage, the
+  expert-parallel dispatch and combine all-to-alls of MoE layers (``labsim.expert_parallel``)
+  -- and the pipes of the **folded network** they load.
 
 The folded network: the replicas of a plan are symmetric, so only one data-parallel replica
 is simulated and each pipeline stage is represented by one GPU (tensor rank 0 of replica 0).
@@ -34,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from labsim import compute
+from labsim import compute, expert_parallel
 from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
@@ -63,6 +64,18 @@ class ChunkCost(NamedTuple):
     tp: Placed | None  # one TP collective (SP: reduce-scatter + all-gather counted as 2)
     tp_fwd: int  # TP collectives in a forward pass of the chunk
     tp_bwd: int  # in a backward pass (recompute included)
+    # expert parallelism: one dispatch or combine all-to-all and their count per pass, like
+    # the TP collective's; unlike those, their seconds alone are inside t_fwd, t_bwd, t_rec
+    ep: Placed | None = None
+    ep_fwd: int = 0
+    ep_bwd: int = 0
+
+    def ep_s(self, forward: bool) -> float:
+        """Seconds alone of the all-to-alls of one forward (or backward, recompute
+        included) pass of the chunk: part of its work."""
+        if self.ep is None or not self.ep.pipes:
+            return 0.0
+        return self.ep.alone_s * (self.ep_fwd if forward else self.ep_bwd)
 
 
 @dataclass(frozen=True)
@@ -253,11 +266,12 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
     out = []
     for g, ch in enumerate(chunks):
         bucket, n = buckets[g]
-        key = (id(ch.tp), ch.t_fwd, ch.t_bwd, ch.t_rec, ch.head_fwd, id(bucket), n, g % p)
+        key = (id(ch.tp), id(ch.ep), ch.t_fwd, ch.t_bwd, ch.t_rec, ch.head_fwd, id(bucket), n,
+               g % p)
         if key in done:
             out.append(done[key])
             continue
-        fwd, bwd = ch.t_fwd, ch.t_bwd + ch.t_rec
+        fwd, bwd = ch.t_fwd - ch.ep_s(True), ch.t_bwd + ch.t_rec - ch.ep_s(False)
         extra_f = extra_b = 0.0
         if ch.tp is not None and h:
             extra_f += extra(fwd, h * ch.tp.alone_s * ch.tp_fwd)
@@ -333,7 +347,8 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             model, plan.micro_batch, gpu, tp=plan.tp, sequence_parallel=plan.sequence_parallel,
             recompute=plan.recompute, attention=plan.attention, precision=plan.numerics,
             sustained=su, flash_kernel=soft.flash_kernel,
-            recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe)
+            recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe,
+            ep=plan.ep, expert_imbalance=plan.expert_imbalance)
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
     lc = layer(True if model.experts else None)
@@ -369,13 +384,30 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
                 for k, x in ((n - d, lc), (d, dense))) + f.flops + b.flops,
             (n - d) * lc.model_flops + d * dense.model_flops + f.flops + b.flops, params)
     tp_bytes = round(lc.tp_bytes)
+    # expert parallelism: each MoE layer's dispatch and combine all-to-alls over ep
+    # neighbouring data-parallel ranks, carrying the rank's tokens (its s / tp share with
+    # sequence parallelism); their seconds alone join the chunk's work
+    ep_place = _Placer(net, strided_group(cluster, plan.ep, plan.tp)) if plan.ep > 1 else None
+    ep_bytes = round(expert_parallel.dispatch_bytes(
+        model, plan.micro_batch * model.seq_len / (plan.tp if plan.sequence_parallel else 1),
+        plan.ep, plan.bytes_per_element, plan.expert_imbalance))
+    per_f, per_b = expert_parallel.alltoalls_per_layer(plan.recompute)
     out = []
     for g in range(n_chunks):
         figure = figures[g if g in (0, n_chunks - 1) else 1]
         tp_fwd = calls * figure[0]
         rec = tp_fwd if plan.recompute == "full" else 0
         tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
-        out.append(ChunkCost(*figure, tp, tp_fwd, tp_fwd + rec))
+        ch = ChunkCost(*figure, tp, tp_fwd, tp_fwd + rec)
+        if ep_place is not None:
+            moe = expert_parallel.moe_layers_of(model, split[g], sum(split[:g]))
+            ep = ep_place("alltoall", ep_bytes, g % plan.pp)
+            a2a = ep.alone_s if ep.pipes else 0.0
+            ch = ch._replace(t_fwd=ch.t_fwd + moe * per_f * a2a,
+                             t_bwd=ch.t_bwd + moe * 2 * a2a,
+                             t_rec=ch.t_rec + moe * (per_b - 2) * a2a,
+                             ep=ep, ep_fwd=moe * per_f, ep_bwd=moe * per_b)
+        out.append(ch)
     return out
 
 

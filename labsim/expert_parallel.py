@@ -1,0 +1,123 @@
+"""Expert parallelism: the experts of every MoE layer split over ``ep`` GPUs, tokens sent to
+their experts and back with two all-to-alls (Lepikhin et al. 2021, GShard, arXiv:2006.16668;
+Fedus et al. 2022, Switch Transformers, arXiv:2101.03961).
+
+As Megatron-Core lays it out (``megatron/core/parallel_state.py``, order ``tp-cp-ep-dp-pp``;
+``megatron/core/transformer/moe/README.md``, MCore v0.8): the expert-parallel group is ``ep``
+neighbouring ranks of the data-parallel group, so ``ep`` divides ``dp``; each rank holds
+``experts / ep`` experts of every MoE layer (whole, or split over the tensor-parallel group as
+a dense MLP is) and the rest of the layer as data parallelism does.  Each rank routes its own
+tokens: the ``MoEAlltoAllTokenDispatcher`` sends every routed copy of a token (``top_k`` per
+token) to the rank holding its expert and brings the expert's output back, one all-to-all each
+way per layer forward, two more in backward.  With tensor parallelism the README requires
+sequence parallelism ("When using MoE with expert parallelism and tensor parallelism,
+sequence parallelism must be enabled"): a rank's tokens are then its ``s / tp`` share.
+
+The experts' gradients are reduced over the expert-data-parallel group (``dp / ep`` ranks) and
+the distributed optimizer shards their states over it ("EP ... Optimizer states 1/N", the
+README's tuning table).
+
+``imbalance``: the routed tokens the busiest rank's experts receive over the mean (1: perfectly
+balanced).  A dropless MoE waits for that rank at every all-to-all, so its expert GEMMs and the
+bytes it receives set the layer's time; an under-trained router runs far above 1 (the README:
+"a severe load imbalance issue when the router is under-trained ... first 100~300 steps").
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from labsim.workload import Transformer
+
+
+def check_moe_layer(model: Transformer, moe: bool | None) -> None:
+    """``moe`` must say, for a mixture-of-experts model, whether a layer is an MoE layer (True)
+    or one of its leading dense layers (False); None for a dense model."""
+    if bool(moe) and not model.experts or model.experts and moe is None:
+        raise ValueError(f"moe={moe!r} for {model.name}: give moe=True (an MoE layer) or False "
+                         "(a dense layer) for a mixture-of-experts model, None for a dense one")
+
+
+def check_imbalance(imbalance: object) -> float:
+    """``imbalance`` as a float >= 1, or a ``ValueError`` naming the fix."""
+    if isinstance(imbalance, bool) or not isinstance(imbalance, numbers.Real) \
+            or not math.isfinite(imbalance) or imbalance < 1:
+        raise ValueError(f"expert_imbalance={imbalance!r}: the busiest rank's routed tokens "
+                         "over the mean, a number >= 1 (1: balanced)")
+    return float(imbalance)
+
+
+def check_ep(model: Transformer, ep: int, dp: int, tp: int = 1,
+             sequence_parallel: bool = False) -> None:
+    """Raise ``ValueError`` naming the fix unless ``ep`` experts-parallel ranks can hold
+    ``model``'s experts inside a ``dp``-way data-parallel group (module doc)."""
+    if ep == 1:
+        return
+    if not model.experts:
+        raise ValueError(f"ep={ep} needs a mixture-of-experts model; {model.name} is dense: "
+                         "use ep=1")
+    if model.experts % ep:
+        divisors = [d for d in range(1, model.experts + 1) if model.experts % d == 0]
+        raise ValueError(f"ep={ep} does not divide {model.name}'s {model.experts} experts: each "
+                         f"rank holds whole experts; choose ep among {divisors}")
+    if dp % ep:
+        raise ValueError(f"ep={ep} does not divide dp={dp}: the expert-parallel group is made "
+                         "of data-parallel ranks (Megatron-Core); choose ep dividing dp")
+    if tp > 1 and not sequence_parallel:
+        raise ValueError(f"ep={ep} with tp={tp} needs sequence_parallel=True (Megatron-Core's "
+                         "MoE README: with expert and tensor parallelism, sequence "
+                         "parallelism must be enabled)")
+
+
+def local_experts(model: Transformer, ep: int = 1) -> int:
+    """Routed experts of one MoE layer held by one expert-parallel rank."""
+    return model.experts // ep
+
+
+def routed_rows(model: Transformer, tokens: float, ep: int = 1) -> float:
+    """Rows of each local expert's GEMMs on one rank, tokens spread evenly: every rank of the
+    ``ep`` group routes ``tokens`` tokens, ``top_k`` copies each, over all the experts, and a
+    rank computes the copies sent to its ``experts / ep``."""
+    return tokens * model.top_k * ep / model.experts
+
+
+def dispatch_bytes(model: Transformer, tokens: float, ep: int, bytes_per_element: float,
+                   imbalance: float = 1.0) -> float:
+    """One dispatch (or combine) all-to-all's buffer on the busiest rank: its share of the
+    ``tokens x top_k`` routed rows of ``h`` elements (``imbalance`` times the mean), ``(ep -
+    1) / ep`` of it to other ranks (the collective's cost counts that share).  Zero without
+    expert parallelism."""
+    if ep == 1:
+        return 0.0
+    return tokens * model.top_k * model.hidden * bytes_per_element * imbalance
+
+
+def alltoalls_per_layer(recompute: str) -> tuple[int, int]:
+    """(forward, backward) all-to-alls of one MoE layer per micro-batch: dispatch and combine
+    forward, their gradients backward, and a recomputed forward's two with ``"full"``
+    recomputation (selective recomputation leaves the MoE layer alone)."""
+    return 2, 2 + (2 if recompute == "full" else 0)
+
+
+def mlp_shard_params(model: Transformer, width: int, tp: int = 1) -> int:
+    """One MLP of ``width`` on one rank of a ``tp``-way group (column- then row-parallel,
+    Shoeybi et al. 2019): its matrices split, the output bias replicated."""
+    m, h = model.mlp_matrices, model.hidden
+    return m * h * (width // tp) + (((m - 1) * (width // tp) + h) if model.bias else 0)
+
+
+def routed_expert_params(model: Transformer, tp: int = 1, ep: int = 1) -> int:
+    """The routed experts of one MoE layer on one rank: ``experts / ep`` MLPs, each split over
+    ``tp`` (0 for a dense model)."""
+    if not model.experts:
+        return 0
+    return local_experts(model, ep) * mlp_shard_params(model, model.expert_ffn_hidden, tp)
+
+
+def moe_layers_of(model: Transformer, layers: int, first_layer: int) -> int:
+    """MoE layers among ``layers`` layers from ``first_layer``: all but the leading
+    ``dense_layers`` of the model (0 for a dense model)."""
+    if not model.experts:
+        return 0
+    return layers - max(0, min(first_layer + layers, model.dense_layers) - first_layer)

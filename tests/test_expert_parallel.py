@@ -1,0 +1,130 @@
+"""Expert parallelism (labsim.expert_parallel): the plan's rules, the experts' memory and
+GEMMs per rank, the all-to-alls in the step on the one network, and the planner's ep axis."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import labsim
+from labsim import Plan, Transformer, expert_parallel
+from labsim.compute import layer_cost, moe_linears
+from labsim.memory import stage_params
+from labsim.step.costs import step_costs
+
+MIXTRAL = dataclasses.replace(Transformer.preset("mixtral-8x7b"), seq_len=4096)
+DEEPSEEK = dataclasses.replace(Transformer.preset("deepseek-moe-16b"), seq_len=4096)
+H100 = labsim.dgx_h100(1).gpu
+
+
+def _plan(**kw: object) -> Plan:
+    spec = dict(dp=16, pp=4, micro_batch=1, global_batch=256, zero_stage=1,
+                software="megatron-core-te")
+    spec.update(kw)
+    return Plan(**spec)
+
+
+@pytest.mark.parametrize("kw, model, fix", [
+    (dict(dp=4, ep=8), MIXTRAL, "choose ep dividing dp"),
+    (dict(dp=12, ep=3), MIXTRAL, "choose ep among [1, 2, 4, 8]"),
+    (dict(dp=8, ep=2), Transformer.preset("gpt3-175b"), "use ep=1"),
+    (dict(dp=8, tp=2, ep=2), MIXTRAL, "sequence_parallel=True"),
+    (dict(dp=8, ep=2, expert_imbalance=0.9), MIXTRAL, "a number >= 1"),
+    (dict(dp=8, ep=2, expert_imbalance=float("nan")), MIXTRAL, "a number >= 1"),
+    (dict(dp=8, ep=0), MIXTRAL, "ep"),
+])
+def test_a_plan_the_experts_cannot_take_is_refused_with_the_fix(kw, model, fix) -> None:
+    with pytest.raises(ValueError, match="ep|expert_imbalance") as err:
+        Plan(**kw).validate_for(model)
+    assert fix in str(err.value)
+
+
+def test_each_rank_holds_its_share_of_the_experts_and_shards_their_states_over_dp_by_ep():
+    per_layer = expert_parallel.routed_expert_params(MIXTRAL, 1, 1)
+    assert per_layer == 8 * 3 * 4096 * 14336
+    for ep in (2, 4, 8):
+        held = stage_params(MIXTRAL, pp=4, ep=ep)
+        assert stage_params(MIXTRAL, pp=4) - held == 8 * per_layer * (ep - 1) // ep
+    dense_part = stage_params(MIXTRAL, pp=4) - 8 * per_layer
+    for ep in (1, 8):
+        mem = labsim.estimate_step(MIXTRAL, labsim.dgx_h100(8), _plan(ep=ep)).memory
+        experts = 8 * per_layer // ep
+        # Adam, fp32 master + two states (12 B) sharded: the rest over 16, experts over 16 / ep
+        assert mem.optimizer == pytest.approx(12 * (dense_part / 16 + experts / (16 // ep)))
+        assert mem.params == pytest.approx(2 * (dense_part + experts))
+
+
+def test_expert_parallel_gemms_grow_by_ep_and_the_busiest_rank_sets_the_time() -> None:
+    tokens = 4096
+    alone = {n: (m, c) for n, m, _, _, c in moe_linears(MIXTRAL, tokens)}
+    spread = {n: (m, c) for n, m, _, _, c in moe_linears(MIXTRAL, tokens, ep=8)}
+    assert alone["expert_up"] == (tokens * 2 / 8, 8)
+    assert spread["expert_up"] == (tokens * 2, 1)  # one expert per rank, every routed row
+    base = layer_cost(MIXTRAL, 1, H100, moe=True)
+    ep8 = layer_cost(MIXTRAL, 1, H100, moe=True, ep=8)
+    busy = layer_cost(MIXTRAL, 1, H100, moe=True, ep=8, expert_imbalance=1.5)
+    assert ep8.model_flops == base.model_flops == busy.model_flops
+    assert ep8.forward.time_s < base.forward.time_s  # one large GEMM beats eight small ones
+    assert busy.forward.time_s > 1.2 * ep8.forward.time_s
+
+
+def test_dispatch_and_combine_are_two_all_to_alls_each_way_of_every_moe_layer() -> None:
+    c = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan(ep=8))
+    first = c.chunks[0]
+    assert first.ep is not None and first.ep.cost.op == "alltoall"
+    assert first.ep.nbytes == 4096 * 2 * 4096 * 2  # tokens x top_k x h x 2 B
+    assert (first.ep_fwd, first.ep_bwd) == (2 * 8, 2 * 8)  # 8 MoE layers a stage
+    full = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan(ep=8, recompute="full"))
+    assert (full.chunks[0].ep_fwd, full.chunks[0].ep_bwd) == (16, 32)
+    no_ep = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan())
+    assert no_ep.chunks[0].ep is None
+    # the all-to-alls' seconds alone are inside the chunk's work
+    assert first.ep_s(True) == pytest.approx(16 * first.ep.alone_s)
+    leading = step_costs(DEEPSEEK, labsim.dgx_h100(8), _plan(ep=8))
+    assert leading.chunks[0].ep_fwd == 2 * (7 - 1)  # its first layer is dense
+
+
+def test_an_all_to_all_that_leaves_the_node_slows_the_step_and_meets_the_buckets() -> None:
+    cluster = labsim.dgx_h100(8)
+    times = {}
+    for ep in (1, 8, 64):
+        plan = Plan(dp=64, micro_batch=1, global_batch=512, zero_stage=1,
+                    software="megatron-core-te", ep=ep)
+        sim = labsim.simulate_step(DEEPSEEK, cluster, plan)
+        est = labsim.estimate_step(DEEPSEEK, cluster, plan)
+        assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.03)
+        times[ep] = sim.step_time_s
+    assert times[64] > 1.5 * times[8]  # EP 64 crosses the InfiniBand: all-to-all bound
+    c = step_costs(DEEPSEEK, cluster, Plan(dp=64, global_batch=512, ep=64))
+    assert c.chunks[0].ep.pipes[-2:] == (c.buckets[0][0].pipes[-2:])  # on the NIC
+
+
+def test_without_contention_the_engine_and_the_event_free_evaluation_agree_exactly() -> None:
+    plan = _plan(ep=8, virtual_stages=8, schedule="interleaved")
+    sim = labsim.simulate_step(MIXTRAL, labsim.dgx_h100(8), plan)
+    est = labsim.estimate_step(MIXTRAL, labsim.dgx_h100(8), plan)
+    assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.005)
+    spans = [s for s in sim.trace.spans if s.kind in ("forward", "backward")]
+    assert spans  # the all-to-alls run inside the ops' spans
+
+
+def test_the_planner_searches_ep_and_names_why_it_drops_a_layout() -> None:
+    from labsim.sim.plan import candidate_plans, layout_name, plan_search, refusal
+    specs = list(candidate_plans(MIXTRAL, labsim.dgx_h100(8), 256, micro_batches=(1,),
+                                 zero_stages=(1,), recompute=("none",),
+                                 software="megatron-core-te"))
+    assert {s["ep"] for s in specs} == {1, 2, 4, 8}
+    assert refusal(dict(dp=8, tp=8, ep=2, sequence_parallel=False), MIXTRAL) == \
+        "EP with TP but no sequence parallelism"
+    assert refusal(dict(dp=64, zero_stage=3), MIXTRAL) == \
+        "ZeRO-3 with mixture-of-experts layers"
+    assert refusal(dict(dp=8, pp=14), dataclasses.replace(DEEPSEEK, dense_layers=3)) == \
+        "leading dense layers beyond the first chunk"
+    with pytest.raises(ValueError, match="divide"):
+        list(candidate_plans(MIXTRAL, labsim.dgx_h100(8), 256, expert_parallel=(3,)))
+    found = plan_search(MIXTRAL, labsim.dgx_h100(8), 256, software="megatron-core-te",
+                        micro_batches=(1,), zero_stages=(1,), recompute=("none",),
+                        max_virtual_stages=8, workers=1, confirm=1)
+    layouts = [layout_name(r.plan) for r in found.ranked]
+    assert any(" ep8" in x for x in layouts) and "16x1x4 v8 ep8" in layouts
