@@ -9,8 +9,9 @@ The config has these tables::
     [search]   global_batch = 1024              (sequences per step; required)
                micro_batches = [1, 2, 4]        (optional: any argument of candidate_plans:
                zero_stages, recompute, sequence_parallel, tp_comm_overlap, max_virtual_stages,
-               tp_max, precision, software, fp8 = ["off", "delayed"]; and confirm = 5, how
-               many to simulate)
+               tp_max, precision, software, fp8 = ["off", "delayed"], expert_parallel =
+               [1, 8] (a mixture-of-experts model's ep degrees; default: every one that
+               divides its experts and dp); and confirm = 5, how many to simulate)
     [budget]   tokens = 2e12                    (optional: the run's token budget, and
                usd_per_gpu_hour = 4.9 or price = "aws-p5-capacity-block", usd_per_kwh,
                pue, power_W)
@@ -36,9 +37,9 @@ from labsim.units import fmt_bytes, fmt_time
 
 SEARCH_KEYS = {"global_batch", "micro_batches", "zero_stages", "recompute",
                "sequence_parallel", "tp_comm_overlap", "max_virtual_stages", "tp_max",
-               "precision", "software", "confirm", "fp8"}
+               "precision", "software", "confirm", "fp8", "expert_parallel"}
 LISTS = {"micro_batches", "zero_stages", "recompute", "sequence_parallel", "tp_comm_overlap",
-         "fp8"}
+         "fp8", "expert_parallel"}
 BUDGET_KEYS = {"tokens", "usd_per_gpu_hour", "price", "usd_per_kwh", "pue", "power_W"}
 
 

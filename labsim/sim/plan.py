@@ -52,15 +52,20 @@ REASONS = {
     "dp x micro-batch does not divide the global batch": "whole micro-batches per replica",
     "interleaved: micro-batches not a multiple of pp": "Megatron-LM's interleaving rule",
     "ZeRO-2/3 with pipeline parallelism": "DeepSpeed's pipeline engine refuses it",
+    "ZeRO-3 with mixture-of-experts layers": "labsim gathers ZeRO-3 units of dense layers only",
+    "leading dense layers beyond the first chunk": "labsim prices them in the first chunk",
+    "ep does not divide dp and the experts": "EP ranks are DP ranks holding whole experts",
+    "EP with TP but no sequence parallelism": "Megatron-Core requires it for MoE with TP",
     "does not fit in memory": "first stage's peak above the GPU's memory",
 }
 
 
 def layout_name(plan: Plan) -> str:
-    """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
+    """``"dp x tp x pp"`` with the interleaving, expert parallelism and FP8, e.g. ``"8x8x2
+    v2"`` or ``"16x1x4 v8 ep8"``."""
     return f"{plan.dp}x{plan.tp}x{plan.pp}" + (f" v{plan.virtual_stages}"
                                                if plan.virtual_stages > 1 else "") + (
-        " fp8" if plan.fp8 else "")
+        f" ep{plan.ep}" if plan.ep > 1 else "") + (" fp8" if plan.fp8 else "")
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,8 @@ class RankedPlan:
 
     @property
     def layout(self) -> str:
-        """``"dp x tp x pp"`` with the interleaving, e.g. ``"8x8x2 v2"``."""
+        """``"dp x tp x pp"`` with the interleaving, expert parallelism and FP8, e.g. ``"8x8x2
+    v2"`` or ``"16x1x4 v8 ep8"``."""
         return layout_name(self.plan)
 
     def row(self) -> dict[str, Any]:
@@ -146,6 +152,7 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                     tp_comm_overlap: Sequence[bool] | None = None,
                     tp_max: int | None = None,
                     precision: str = "bf16", fp8: Sequence[str | None] = (None,),
+                    expert_parallel: Sequence[int] | None = None,
                     **fixed: Any) -> Iterator[dict[str, Any]]:
     """Every combination of plan fields the search looks at (as ``Plan`` keyword arguments;
     ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
@@ -154,7 +161,9 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     Megatron-Core with Transformer Engine) and the TP group stays inside a node (beyond, the
     overlap hides nothing: ``StepCosts.tp_hidden``); ``tp_max`` caps tp (e.g. at a node's
     GPUs); ``fp8``: the FP8 recipes to try (``labsim.fp8``; None: 16-bit GEMMs), e.g.
-    ``(None, "delayed")`` on an H100."""
+    ``(None, "delayed")`` on an H100; ``expert_parallel``: the ep degrees to try for a
+    mixture-of-experts model (default: every one that divides both its experts and dp;
+    ``labsim.expert_parallel``), 1 for a dense one."""
     if fixed.get("microbatch_group") is not None:
         raise ValueError(
             "microbatch_group cannot be fixed for a search: it must lie between each "
@@ -170,12 +179,20 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     if not fp8:
         raise ValueError("fp8=(): give at least one choice, None for 16-bit GEMMs")
     check_gpu(fp8, cluster.gpu)
+    if expert_parallel is not None:
+        expert_parallel = tuple(expert_parallel)
+        if not expert_parallel or any(isinstance(e, bool) or not isinstance(e, int) or e < 1
+                                      or (model.experts or 1) % e for e in expert_parallel):
+            raise ValueError(f"expert_parallel={expert_parallel!r}: give ep degrees that "
+                             f"divide {model.name}'s {model.experts or 1} experts, e.g. (1,)")
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
             continue
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
+            eps = ([e for e in _divisors(dp) if model.experts % e == 0] if model.experts
+                   else [1]) if expert_parallel is None else expert_parallel
             virtual = [1] + [v for v in range(2, max_virtual_stages + 1) if pp > 1]
             sps = sequence_parallel if tp > 1 else (False,)
             overlaps = tp_comm_overlap if 1 < tp <= overlap_tp_max else (False,)
@@ -183,8 +200,9 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                 for mb in micro_batches:
                     for zero in zero_stages:
                         for rc in recompute:
-                            for sp, ov, f8 in itertools.product(sps, overlaps, fp8):
-                                yield dict(dp=dp, tp=tp, pp=pp, virtual_stages=v,
+                            for sp, ov, f8, ep in itertools.product(sps, overlaps, fp8,
+                                                                     eps):
+                                yield dict(dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v,
                                            schedule="interleaved" if v > 1 else "1f1b",
                                            micro_batch=mb, global_batch=global_batch,
                                            zero_stage=zero, recompute=rc,
@@ -215,6 +233,17 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
         return "interleaved: micro-batches not a multiple of pp"
     if spec.get("zero_stage", 0) >= 2 and pp > 1:
         return "ZeRO-2/3 with pipeline parallelism"
+    ep = spec.get("ep", 1)
+    if model.experts:
+        if spec.get("zero_stage", 0) == 3:
+            return "ZeRO-3 with mixture-of-experts layers"
+        if model.dense_layers > counted // (pp * v) - bool(
+                spec.get("account_for_embedding_in_pipeline_split")):
+            return "leading dense layers beyond the first chunk"
+    if dp % ep or (model.experts or 1) % ep:
+        return "ep does not divide dp and the experts"
+    if ep > 1 and tp > 1 and not spec.get("sequence_parallel"):
+        return "EP with TP but no sequence parallelism"
     return None
 
 
