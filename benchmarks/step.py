@@ -138,12 +138,14 @@ UNFITTED_STACKS = {"torchtitan-2024": ("torchtitan-2024",), "generic": ("generic
 # the year each source published its figures (the id's prefix)
 _YEARS = {"narayanan2021": 2021, "megatronlm": 2021, "korthikanti2022": 2022,
           "bigscience2022": 2022, "smith2022": 2022, "llmfoundry": 2023, "dgxc2411": 2024,
-          "meta2024": 2024, "torchtitan2024": 2024, "dgxc2504": 2025}
+          "meta2024": 2024, "torchtitan2024": 2024, "mcore09": 2024, "dgxc2504": 2025}
 
 
 def run_feature(run) -> str:
-    """What a run uses beyond dense 16-bit training: "FP8" or "BF16/FP16"."""
-    return "FP8" if run.plan_spec.get("fp8") else "BF16/FP16"
+    """What a run uses beyond dense 16-bit training: "FP8", "MoE + EP" or "BF16/FP16"."""
+    if run.plan_spec.get("fp8"):
+        return "FP8"
+    return "MoE + EP" if run.model_spec.get("experts") else "BF16/FP16"
 
 
 def run_year(run) -> int:

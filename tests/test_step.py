@@ -1628,13 +1628,13 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     from the goal (median 5 %, max 10 %) and are held where they are, so that a change that
     makes them worse shows."""
     errors: dict[str, list[float]] = {"calibration": [], "held-out": [], "unseen": [],
-                                      "fp8": []}
+                                      "fp8": [], "moe": []}
     lines = []
     for run in runs():
         r = simulate_step(run.model, run.cluster, run.plan)
         e = r.step_time_s / run.measured_step_s() - 1
         group = ("unseen" if run.id.startswith(UNSEEN_SOURCES) else "fp8" if run.plan.fp8
-                 else run.role)
+                 else "moe" if run.model.experts else run.role)
         assert group == run.role or run.role == "held-out"
         errors[group].append(abs(e))
         lines.append(f"{run.role:<12} {run.id:<46} {e:+7.1%}")
@@ -1649,12 +1649,15 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     # larger models (docs/step.md section 3)
     fp8 = errors["fp8"]
     assert len(fp8) == 6 and statistics.median(fp8) <= 0.11 and max(fp8) <= 0.21
+    # mixture of experts with expert parallelism: Megatron-Core v0.9's Mixtral 8x7B, -1.4 %
+    assert len(errors["moe"]) == 1 and max(errors["moe"]) <= 0.03
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within
     # 9 %; BLOOM's three batches, whose network runs at NCCL's measured channel rate on Omni-Path
     # (not fitted to them), within 7.5 %
     rest = {r.id: simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1
             for r in runs() if r.role == "held-out" and not r.id.startswith(UNSEEN_SOURCES)
-            and not r.plan.fp8 and r.plan_spec["software"] != "deepspeed-zero3-2021"}
+            and not r.plan.fp8 and not r.model.experts
+            and r.plan_spec["software"] != "deepspeed-zero3-2021"}
     assert max(map(abs, rest.values())) <= 0.09
     assert statistics.median(map(abs, rest.values())) <= 0.04
     bloom = [e for k, e in rest.items() if k.startswith("bigscience2022_bloom")]
