@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labsim.context_parallel import local_model
 from labsim.efficiency import (  # noqa: F401  (re-exported: labsim.compute's constants)
     EFFICIENCY,
     FLASH_KERNELS,
@@ -116,6 +117,10 @@ class LayerCost:
     model_flops: float
     tp_bytes: float
     tp_collectives: int = 2
+    # the attention core's seconds in forward and backward (included above): what a context-
+    # parallel ring's sends run beside
+    attention_fwd_s: float = 0.0
+    attention_bwd_s: float = 0.0
 
 
 def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
@@ -124,7 +129,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sustained: float | None = None, flash_kernel: str = "cuda",
                recompute_early_stop: bool = False, fp8: str | None = None,
                moe: bool | None = None, ep: int = 1,
-               expert_imbalance: float = 1.0) -> LayerCost:
+               expert_imbalance: float = 1.0, cp: int = 1, cp_comm: str = "p2p") -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -140,9 +145,14 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     its leading dense layers (False); ``moe_linears`` gives an MoE layer's GEMMs.
     ``ep``, ``expert_imbalance``: expert parallelism (``labsim.expert_parallel``): the rank's
     ``experts / ep`` experts on ``ep`` times the rows each, the busiest rank's (``imbalance``
-    times the mean) setting the time; the FLOPs stay the mean rank's."""
+    times the mean) setting the time; the FLOPs stay the mean rank's.
+    ``cp``, ``cp_comm``: context parallelism (``labsim.context_parallel``): every op on the
+    rank's ``s / cp`` tokens, attention on its share of the whole sequence's (FLOPs / cp), the
+    kernel at the length it sees (a ring's ``s / cp`` blocks, the whole ``s`` otherwise)."""
     check_moe_layer(model, moe)
     imbalance = check_imbalance(expert_imbalance)
+    kernel_seq = model.seq_len if cp_comm != "p2p" else model.seq_len // cp
+    model = local_model(model, cp)
     if moe and recompute == "op-sac":
         raise ValueError("recompute='op-sac' saves a dense block's matmuls (labsim.op_sac); "
                          "use 'selective' or 'full' for an MoE layer")
@@ -186,7 +196,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     if attention == "flash":
         eff = efficiency(gpu)
         peak = gpu.peak(gemm_dtype) * (eff.sustained if su is None else su)
-        frac_f, frac_b = eff.flash(flash_kernel, s, model.head_dim)
+        frac_f, frac_b = eff.flash(flash_kernel, kernel_seq, model.head_dim)
         # causal FlashAttention skips the blocks above the diagonal: half the FLOPs executed
         core_f = PassCost(0.5 * attn_flops / (peak * frac_f), attn_flops)
         core_b = PassCost(0.5 * 2.5 * attn_flops / (peak * frac_b),
@@ -203,6 +213,9 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         soft_b = memory_time(scores * (2 * e + 1 + 3 * e), gpu, su)
         core_f = PassCost(t_qk + t_pv + soft_f, attn_flops)
         core_b = PassCost(2 * (t_qk + t_pv) + soft_b, 2.0 * attn_flops)
+    if cp > 1:  # the rank's block of queries against all cp blocks of keys: cp times its own
+        core_f = PassCost(core_f.time_s * cp, core_f.flops * cp)
+        core_b = PassCost(core_b.time_s * cp, core_b.flops * cp)
     fwd += core_f
     bwd += core_b
 
@@ -241,7 +254,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         rec = core_f  # Korthikanti et al. 2022: recompute only the attention core
     else:  # FlashAttention already recomputes its scores inside the backward kernel
         rec = PassCost()
-    return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e))
+    return LayerCost(fwd, bwd, rec, fwd.flops + bwd.flops, float(tokens * h * e),
+                     attention_fwd_s=core_f.time_s, attention_bwd_s=core_b.time_s)
 
 
 def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1

@@ -41,6 +41,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from labsim.context_parallel import local_model
 from labsim.expert_parallel import (
     check_imbalance,
     check_moe_layer,
@@ -417,9 +418,9 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
                 cross_entropy: str = "eager") -> MemoryBreakdown:
     """Memory of the first pipeline stage's GPU in a training step under ``plan`` (a
     ``labsim.Plan``) whose schedule holds ``in_flight`` (micro-batch, model chunk) activations
-    at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage over
-    ``dp``) and the activations of ``in_flight`` chunks (``activation_per_layer``; with
-    FlashAttention no s x s scores are kept).  Where the plan counts the embedding as a layer
+    at its peak: its model-state shard (``training_memory`` with the plan's ZeRO stage) and
+    the activations of ``in_flight`` chunks (``activation_per_layer``; with FlashAttention no
+    s x s scores are kept).  Where the plan counts the embedding as a layer
     (``Plan.chunk_layers``), the first stage's chunks differ and its schedule is walked for
     the most layers' activations held at once.  With recomputation the layer being recomputed
     holds, for the length of its backward, what it would keep without (one layer of one
@@ -439,22 +440,22 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     after the other, so the larger of the two counts.  Under ZeRO-3 with
     ``zero3_unit="layer"`` the root unit (the embedding, the final norm and the output
     layer: ``stage_params`` with no layers) stays whole from its forward to the end of
-    backward: FSDP2 does not reshard the root after forward
-    (``torch/distributed/_composable/fsdp/_fsdp_state.py``, ``FSDPState._lazy_init``: "For
-    the root, do not reshard after forward since for training, the parameters would be freed
-    and all-gathered immediately"), nor does FSDP1 (``torch/distributed/fsdp/
-    _runtime_utils.py``, ``_post_forward_reshard``: "Do not free the root's parameters in the
-    post-forward").  The cuBLAS workspace, NCCL buffers and the CUDA context
-    are not counted (a few tens of MiB against tens of GB): cuBLASLt's workspace is 32 MiB per
-    handle and stream on Hopper, 4 MiB on Ampere (pytorch/pytorch#120925, ``CUDABlas.cpp``),
-    NCCL's ``NCCL_BUFFSIZE`` 4 MiB per channel and peer (NCCL environment documentation).
+    backward (FSDP2 ``FSDPState._lazy_init``: "For the root, do not reshard after forward";
+    FSDP1 ``_post_forward_reshard``: "Do not free the root's parameters in the post-forward").
+    Not counted (tens of MiB against tens of GB): cuBLASLt's workspace, 32 MiB per handle and
+    stream on Hopper, 4 MiB on Ampere (pytorch/pytorch#120925), NCCL's ``NCCL_BUFFSIZE``, 4 MiB
+    per channel and peer, the CUDA context.  Context parallelism: activations and the loss of
+    the rank's ``s / cp`` tokens (``labsim.context_parallel.local_model``), states sharded over
+    ``dp * cp`` ranks (``Plan.gradient_ranks``).
     """
     prec = training_precision(plan.numerics)
     v = plan.virtual_stages
     chunks = plan.pp * v
+    act = local_model(model, plan.cp)
+
     def layer_bytes(recompute: str) -> float:  # an MoE model: its larger kind of layer
         return max(activation_per_layer(
-            model, micro_batch=plan.micro_batch, tp=plan.tp,
+            act, micro_batch=plan.micro_batch, tp=plan.tp,
             sequence_parallel=plan.sequence_parallel, recompute=recompute,
             dtype_bytes=prec.activation_bytes, attention=plan.attention,
             swiglu_fused=swiglu_fused, moe=moe, expert_imbalance=plan.expert_imbalance)
@@ -473,23 +474,23 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
     if plan.recompute != "none":  # the recomputed layer's working set, one at a time
         transient = layer_bytes("none") - per_layer
     if plan.pp == 1:  # the first stage is the last: the logits and the loss, before the layers
-        transient = max(transient, loss_memory(model, micro_batch=plan.micro_batch,
+        transient = max(transient, loss_memory(act, micro_batch=plan.micro_batch,
                                                tp=plan.tp, dtype_bytes=prec.activation_bytes,
                                                kernel=cross_entropy))
     activations += transient
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g],
                                first_layer=sum(split[:g]), ep=plan.ep)
                   for g in range(0, chunks, plan.pp)))
-    # the routed experts' states shard over the expert-data-parallel group (dp / ep ranks)
+    # the routed experts' states shard over the expert-data-parallel group (dp cp / ep)
     routed = float(sum(moe_layers_of(model, split[g], sum(split[:g]))
                        for g in range(0, chunks, plan.pp))
                    * routed_expert_params(model, plan.tp, plan.ep))
     states = training_memory(n - routed, precision=prec, optimizer=plan.optimizer,
-                             zero_stage=plan.zero_stage, dp=plan.dp)
+                             zero_stage=plan.zero_stage, dp=plan.gradient_ranks)
     experts = training_memory(routed, precision=prec, optimizer=plan.optimizer,
-                              zero_stage=plan.zero_stage, dp=plan.dp // plan.ep)
+                              zero_stage=plan.zero_stage, dp=plan.gradient_ranks // plan.ep)
     params = states.params + experts.params
-    if plan.zero_stage == 3 and plan.dp > 1:
+    if plan.zero_stage == 3 and plan.gradient_ranks > 1:
         unit = max(zero3_unit_params(model, plan.tp, zero3_unit))
         params += (plan.zero3_prefetch + 2) * unit * prec.weight_bytes
         if zero3_unit == "layer":  # FSDP's root unit: embedding, final norm, output layer

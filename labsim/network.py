@@ -161,9 +161,9 @@ class FoldedNetwork:
     def __init__(self, cluster: Cluster, plan: Plan) -> None:  # plan: a labsim.Plan
         self.c, self.plan = cluster, plan
         g = cluster.gpus_per_node
-        self.rep = [s * plan.tp * plan.dp for s in range(plan.pp)]
+        self.rep = [s * plan.tp * plan.gradient_ranks for s in range(plan.pp)]
         self.node = [r // g for r in self.rep]
-        self.stage_gpus = min(g, plan.tp * plan.dp)  # GPUs of one stage on its node
+        self.stage_gpus = min(g, plan.tp * plan.gradient_ranks)  # GPUs of one stage on its node
         self.stage_nics = max(1, self.stage_gpus * cluster.nics_per_node // g)
         keys: dict[tuple[int, int], int] = {}
         nic_of = {local: cluster.nic_of(local) for local in {r % g for r in self.rep}}

@@ -19,6 +19,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from labsim.context_parallel import CP_COMM, check_cp
 from labsim.expert_parallel import check_ep, check_imbalance
 from labsim.fp8 import check_recipe
 from labsim.pipeline import group_problems
@@ -108,6 +109,10 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    cp, cp_comm: context parallelism (``labsim.context_parallel``): every sequence split over
+        ``cp`` GPUs (GPUs = dp * tp * pp * cp), attention's keys and values passed round a ring
+        (``"p2p"``, overlapped with attention), all-gathered (``"all_gather"``) or exchanged by
+        all-to-alls (``"a2a"``, Ulysses); gradients are reduced over dp * cp ranks.
     """
 
     dp: int = 1
@@ -134,17 +139,20 @@ class Plan:
     fp8: str | None = None
     ep: int = 1
     expert_imbalance: float = 1.0
+    cp: int = 1
+    cp_comm: str = "p2p"
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep"):
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
             object.__setattr__(self, name, _whole(name, getattr(self, name)))
         if self.dp % self.ep:
             raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: the expert-parallel "
                              "group is made of data-parallel ranks (Megatron-Core); choose ep "
                              "dividing dp")
         object.__setattr__(self, "expert_imbalance", check_imbalance(self.expert_imbalance))
+        _choice("cp_comm", self.cp_comm, CP_COMM)
         if self.gpus > 2**20:
-            raise ValueError(f"dp * tp * pp = {self.gpus:,} GPUs is more than the 1,048,576 "
+            raise ValueError(f"{self._product} = {self.gpus:,} GPUs is more than the 1,048,576 "
                              "this simulator accepts; use smaller degrees")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.dp * self.micro_batch)
@@ -254,8 +262,18 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        """GPUs the plan occupies: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """GPUs the plan occupies: dp * tp * pp * cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def gradient_ranks(self) -> int:
+        """GPUs that hold the same parameters and reduce their gradients (and shard ZeRO's
+        states): the data-parallel ranks and, with context parallelism, theirs (dp * cp)."""
+        return self.dp * self.cp
+
+    @property
+    def _product(self) -> str:
+        return "dp * tp * pp" + (" * cp" if self.cp > 1 else "")
 
     @property
     def microbatches(self) -> int:
@@ -311,6 +329,7 @@ class Plan:
             raise ValueError(f"zero_stage=3 with {name}'s mixture-of-experts layers: the step "
                              "model gathers ZeRO-3 units of dense layers only; use zero_stage "
                              "<= 2")
+        check_cp(model, self.cp, self.cp_comm, self.tp, self.attention)  # type: ignore[arg-type]
         if getattr(model, "experts", 0) or self.ep > 1:
             check_ep(model, self.ep, self.dp, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
         heads = int(model.heads)
@@ -332,10 +351,14 @@ class Plan:
                              f"in the first of {len(split)} pipeline chunks ({split[0]} "
                              "layers): use fewer pipeline stages or virtual stages")
         if gpus is not None and self.gpus != gpus:
+            rest = self.tp * self.pp * self.cp
+            degrees = " * ".join(str(x) for x in (self.dp, self.tp, self.pp, self.cp)[
+                :4 if self.cp > 1 else 3])
             raise ValueError(
-                f"dp * tp * pp = {self.dp} * {self.tp} * {self.pp} = {self.gpus} but the "
-                f"cluster has {gpus} GPUs; change dp to {gpus // (self.tp * self.pp)}"
-                if gpus % (self.tp * self.pp) == 0
-                else f"dp * tp * pp = {self.gpus} but the cluster has {gpus} GPUs, and "
-                f"tp * pp = {self.tp * self.pp} does not divide {gpus}; change tp or pp"
+                f"{self._product} = {degrees} = {self.gpus} but the "
+                f"cluster has {gpus} GPUs; change dp to {gpus // rest}"
+                if gpus % rest == 0
+                else f"{self._product} = {self.gpus} but the cluster has {gpus} GPUs, and "
+                f"{self._product.removeprefix('dp * ')} = {rest} does not divide {gpus}; "
+                f"change {'tp, pp or cp' if self.cp > 1 else 'tp or pp'}"
             )

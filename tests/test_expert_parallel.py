@@ -71,18 +71,20 @@ def test_expert_parallel_gemms_grow_by_ep_and_the_busiest_rank_sets_the_time() -
 
 def test_dispatch_and_combine_are_two_all_to_alls_each_way_of_every_moe_layer() -> None:
     c = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan(ep=8))
-    first = c.chunks[0]
-    assert first.ep is not None and first.ep.cost.op == "alltoall"
-    assert first.ep.nbytes == 4096 * 2 * 4096 * 2  # tokens x top_k x h x 2 B
-    assert (first.ep_fwd, first.ep_bwd) == (2 * 8, 2 * 8)  # 8 MoE layers a stage
+    (a2a,) = c.chunks[0].inline
+    assert a2a.placed.cost.op == "alltoall"
+    assert a2a.placed.nbytes == 4096 * 2 * 4096 * 2  # tokens x top_k x h x 2 B
+    assert (a2a.fwd, a2a.bwd) == (2 * 8, 2 * 8)  # 8 MoE layers a stage
     full = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan(ep=8, recompute="full"))
-    assert (full.chunks[0].ep_fwd, full.chunks[0].ep_bwd) == (16, 32)
-    no_ep = step_costs(MIXTRAL, labsim.dgx_h100(8), _plan())
-    assert no_ep.chunks[0].ep is None
+    (again,) = full.chunks[0].inline
+    assert (again.fwd, again.bwd) == (16, 32)  # the recomputed forward's two
+    assert full.chunks[0].t_rec > step_costs(
+        MIXTRAL, labsim.dgx_h100(8), _plan(recompute="full")).chunks[0].t_rec
+    assert step_costs(MIXTRAL, labsim.dgx_h100(8), _plan()).chunks[0].inline == ()
     # the all-to-alls' seconds alone are inside the chunk's work
-    assert first.ep_s(True) == pytest.approx(16 * first.ep.alone_s)
+    assert c.chunks[0].inline_s(True) == pytest.approx(16 * a2a.placed.alone_s)
     leading = step_costs(DEEPSEEK, labsim.dgx_h100(8), _plan(ep=8))
-    assert leading.chunks[0].ep_fwd == 2 * (7 - 1)  # its first layer is dense
+    assert leading.chunks[0].inline[0].fwd == 2 * (7 - 1)  # its first layer is dense
 
 
 def test_an_all_to_all_that_leaves_the_node_slows_the_step_and_meets_the_buckets() -> None:
@@ -97,7 +99,7 @@ def test_an_all_to_all_that_leaves_the_node_slows_the_step_and_meets_the_buckets
         times[ep] = sim.step_time_s
     assert times[64] > 1.5 * times[8]  # EP 64 crosses the InfiniBand: all-to-all bound
     c = step_costs(DEEPSEEK, cluster, Plan(dp=64, global_batch=512, ep=64))
-    assert c.chunks[0].ep.pipes[-2:] == (c.buckets[0][0].pipes[-2:])  # on the NIC
+    assert c.chunks[0].inline[0].placed.pipes[-2:] == c.buckets[0][0].pipes[-2:]  # the NIC
 
 
 def test_without_contention_the_engine_and_the_event_free_evaluation_agree_exactly() -> None:

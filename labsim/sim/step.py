@@ -158,18 +158,22 @@ class _Engine:
         return self.net.flow(placed.nbytes * count * share, placed.pipes, placed.loads,
                              placed.cap_Bps, latency + placed.latency_s * count * share)
 
-    def _op(self, work: float, tp: Placed | None, calls: int, ep: Placed | None = None,
-            ep_calls: int = 0) -> Generator:
+    def _op(self, work: float, tp: Placed | None, calls: int, inline: tuple = (),
+            forward: bool = True) -> Generator:
         """Compute of one op and its tensor-parallel collectives (blocking or overlapped);
-        with expert parallelism ``work`` holds its all-to-alls' seconds alone, which move
-        on the network after the compute (blocking)."""
+        ``work`` holds the seconds alone of its ``inline`` collectives
+        (``labsim.step.inline``: EP's all-to-alls, CP's exposed sends), which move on the
+        network after the compute, in order."""
         busy: simpy.Event | None = None
-        if ep is not None and ep.pipes and ep_calls:
-            compute = work - ep.alone_s * ep_calls
+        flows = [(x.placed, x.fwd if forward else x.bwd) for x in inline]
+        flows = [(pl, n) for pl, n in flows if n and pl.pipes]
+        if flows:
+            compute = work - sum([pl.alone_s * n for pl, n in flows])
 
             def body() -> Generator:
                 yield self.env.timeout(compute)
-                yield self._flow(ep, ep_calls)
+                for pl, n in flows:
+                    yield self._flow(pl, n)
             busy = self.env.process(body())
         if self.hidden and tp is not None and calls:
             yield self.env.all_of([busy or self.env.timeout(work),
@@ -234,7 +238,7 @@ class _Engine:
                 for k in range(n_buckets):  # ready as backward walks the layers
                     self._stream(s, bucket, start + planned * (k + 1) / n_buckets,
                                  f"bucket {k} chunk {g}")
-            yield from self._op(work, ch.tp, calls, ch.ep, ch.ep_fwd if forward else ch.ep_bwd)
+            yield from self._op(work, ch.tp, calls, ch.inline, forward)
             end = env.now
             busy += end - start
             self.spans.extend(self._op_spans(s, kind, mb, g, start, end))

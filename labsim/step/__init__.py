@@ -4,8 +4,9 @@
 2. **Per-op time on one GPU** -- ``labsim.compute``: each layer's GEMMs, attention core and
    memory-bound kernels on the plan's GPU and software profile.
 3. **Chunks and flows** -- ``labsim.step.costs``: ``step_costs(model, cluster, plan)`` prices
-   one step once into a ``StepCosts``: every model chunk's compute (``ChunkCost``) and every
-   collective placed on the pipes of the folded network (``labsim.network``).
+   one step once into a ``StepCosts``: every model chunk's compute (``ChunkCost``, with the
+   collectives it waits for besides TP's: ``labsim.step.inline``) and every collective placed
+   on the pipes of the folded network (``labsim.network``).
 4. **Schedule** -- ``labsim.pipeline``: each stage's op list (GPipe, 1F1B, interleaved).
 5. **Evaluation** -- the schedule run over the ``StepCosts``:
 

@@ -71,7 +71,8 @@ def _contended(c: StepCosts) -> set[int]:
             for x in (pl.pipes if pl is not None else ()):
                 users.setdefault(x, set()).add(("dp", s_))
         for g in range(s_, p * c.plan.virtual_stages, p):
-            for pl in (c.chunks[g].tp, c.chunks[g].ep):  # TP collectives, EP all-to-alls
+            ch = c.chunks[g]  # TP collectives, the inline ones (EP, CP)
+            for pl in (ch.tp, *(x.placed for x in ch.inline)):
                 for x in (pl.pipes if pl is not None else ()):
                     users.setdefault(x, set()).add(("compute", s_))
     return {x for x, u in users.items() if len(u) > 1}
@@ -380,9 +381,10 @@ def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
                 send = c.p2p.get((s, nxt % p)) if 0 <= nxt < p * plan.virtual_stages else None
                 tp_pipes = tp.pipes if tp is not None and tp_watch else ()
                 send_pipes = send.pipes if send is not None else ()
-                ep_s = ch.ep_s(fwd)
-                ep_pipes = ch.ep.pipes if ep_s else ()
-                if not any(x in moving for x in tp_pipes + send_pipes + ep_pipes):
+                flows = [(x.placed, x.fwd if fwd else x.bwd) for x in ch.inline]
+                flows = [(pl, n) for pl, n in flows if n and pl.pipes]
+                inline_pipes = tuple(x for pl, _ in flows for x in pl.pipes)
+                if not any(x in moving for x in tp_pipes + send_pipes + inline_pipes):
                     continue
                 sel = forward if fwd else ~forward
                 if local_of is not None:
@@ -390,9 +392,11 @@ def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
                 a, b = begin[sel], end[sel]
                 if send_pipes:
                     add(send_pipes, b + send.latency_s, b + send.alone_s)
-                if ep_pipes:  # after the compute, inside the op's work (``_op`` of the engine)
-                    calls_ep = ch.ep_fwd if fwd else ch.ep_bwd
-                    add(ep_pipes, a + (work - ep_s) + calls_ep * ch.ep.latency_s, a + work)
+                if flows:  # after the compute, inside the op's work (``_op`` of the engine)
+                    t = a + (work - sum([pl.alone_s * n for pl, n in flows]))
+                    for pl, n in flows:
+                        add(pl.pipes, t + n * pl.latency_s, t + pl.alone_s * n)
+                        t = t + pl.alone_s * n
                 if tp_pipes and h:
                     alone = tp.alone_s * calls
                     add(tp_pipes, a + h * calls * tp.latency_s, a + h * alone)

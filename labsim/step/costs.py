@@ -35,15 +35,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from labsim import compute, expert_parallel
+from labsim import compute
 from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
+from labsim.context_parallel import local_model
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params, step_memory, zero3_unit_params
 from labsim.network import FoldedNetwork, Placed
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile
+from labsim.step.inline import Inline, of_chunk, per_layer, with_inline
 from labsim.workload import Transformer
 
 
@@ -64,18 +66,14 @@ class ChunkCost(NamedTuple):
     tp: Placed | None  # one TP collective (SP: reduce-scatter + all-gather counted as 2)
     tp_fwd: int  # TP collectives in a forward pass of the chunk
     tp_bwd: int  # in a backward pass (recompute included)
-    # expert parallelism: one dispatch or combine all-to-all and their count per pass, like
-    # the TP collective's; unlike those, their seconds alone are inside t_fwd, t_bwd, t_rec
-    ep: Placed | None = None
-    ep_fwd: int = 0
-    ep_bwd: int = 0
+    # collectives that block the chunk's compute besides TP's: expert parallelism's
+    # all-to-alls, context parallelism's exposed ring sends, all-gathers or all-to-alls
+    inline: tuple[Inline, ...] = ()
 
-    def ep_s(self, forward: bool) -> float:
-        """Seconds alone of the all-to-alls of one forward (or backward, recompute
-        included) pass of the chunk: part of its work."""
-        if self.ep is None or not self.ep.pipes:
-            return 0.0
-        return self.ep.alone_s * (self.ep_fwd if forward else self.ep_bwd)
+    def inline_s(self, forward: bool) -> float:
+        """Seconds alone of the inline collectives of one forward (or backward, recompute
+        included) pass of the chunk: part of its work (``labsim.step.inline``)."""
+        return sum([x.seconds(forward) for x in self.inline])
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ class StepCosts:
     def flops(self) -> tuple[float, float]:
         """(model FLOPs, hardware FLOPs) of the whole step on all GPUs."""
         p = self.plan
-        scale = p.dp * p.microbatches * p.tp
+        scale = p.dp * p.microbatches * p.tp * p.cp
         return (scale * sum(c.flops_model for c in self.chunks),
                 scale * sum(c.flops_hw for c in self.chunks))
 
@@ -166,18 +164,18 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     su = soft.sustained_for(gpu)
     net = FoldedNetwork(cluster, plan)
     tp_group = strided_group(cluster, plan.tp, 1)
-    dp_group = strided_group(cluster, plan.dp, plan.tp)
+    dp_group = strided_group(cluster, plan.gradient_ranks, plan.tp)  # with CP's ranks
     chunks = _chunks(model, plan, gpu, su, cluster, net, tp_group)
     p2p = _pipeline_sends(model, plan, cluster, net)
     precision = plan.numerics
     buckets, gathers, opt = [], [], []
-    zero3 = plan.zero_stage == 3 and plan.dp > 1
+    zero3 = plan.zero_stage == 3 and plan.gradient_ranks > 1
     op = ("allreduce" if plan.zero_stage == 0
           or (plan.zero_stage == 1 and soft.zero1_grad_op == "allreduce") else "reduce_scatter")
     dp_place = _Placer(net, dp_group, soft.dp_nccl_algo)
     split: dict[float, tuple[int, int]] = {}  # a chunk's gradient: (bucket bytes, count)
     for g, ch in enumerate(chunks):
-        if plan.dp > 1 and not zero3:
+        if plan.gradient_ranks > 1 and not zero3:
             if ch.params not in split:
                 grad_bytes = ch.params * precision.grad_bytes
                 count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
@@ -186,12 +184,12 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
             buckets.append((dp_place(op, nbytes, g % plan.pp), count))
         else:
             buckets.append((None, 0))
-    shard = plan.dp if plan.zero_stage >= 1 else 1
+    shard = plan.gradient_ranks if plan.zero_stage >= 1 else 1
     stepped: dict[float, float] = {}  # the optimizer's seconds by a stage's parameters
     for s in range(plan.pp):
         params = sum([ch.params for ch in chunks[s::plan.pp]])
         gathers.append(dp_place("allgather", round(params * precision.weight_bytes), s)
-                       if plan.zero_stage in (1, 2) and plan.dp > 1 else None)
+                       if plan.zero_stage in (1, 2) and plan.gradient_ranks > 1 else None)
         if params not in stepped:
             stepped[params] = compute.optimizer_time(params / shard, gpu, plan.optimizer, su)
         opt.append(stepped[params])
@@ -213,8 +211,8 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
         z_extra = (net.place(plan_collective("allgather", round(extra * w), dp_group, algo), 0),
                    net.place(plan_collective(soft.zero3_grad_op, round(
                        extra * precision.grad_bytes), dp_group, algo), 0))
-        overhead = (_gather_overhead_s(soft, plan.dp, layer * w / units, gpu, su),
-                    _gather_overhead_s(soft, plan.dp, extra * w, gpu, su))
+        overhead = (_gather_overhead_s(soft, plan.gradient_ranks, layer * w / units, gpu, su),
+                    _gather_overhead_s(soft, plan.gradient_ranks, extra * w, gpu, su))
         counts = zero3_gathers(model, plan, soft)
     chunks = contended_chunks(chunks, plan, cluster, soft, buckets, gathers,
                               (z_gather, z_reduce, units, counts))
@@ -266,12 +264,12 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
     out = []
     for g, ch in enumerate(chunks):
         bucket, n = buckets[g]
-        key = (id(ch.tp), id(ch.ep), ch.t_fwd, ch.t_bwd, ch.t_rec, ch.head_fwd, id(bucket), n,
-               g % p)
+        key = (id(ch.tp), tuple((id(x.placed), x.fwd, x.bwd) for x in ch.inline), ch.t_fwd,
+               ch.t_bwd, ch.t_rec, ch.head_fwd, id(bucket), n, g % p)
         if key in done:
             out.append(done[key])
             continue
-        fwd, bwd = ch.t_fwd - ch.ep_s(True), ch.t_bwd + ch.t_rec - ch.ep_s(False)
+        fwd, bwd = ch.t_fwd - ch.inline_s(True), ch.t_bwd + ch.t_rec - ch.inline_s(False)
         extra_f = extra_b = 0.0
         if ch.tp is not None and h:
             extra_f += extra(fwd, h * ch.tp.alone_s * ch.tp_fwd)
@@ -348,13 +346,14 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             recompute=plan.recompute, attention=plan.attention, precision=plan.numerics,
             sustained=su, flash_kernel=soft.flash_kernel,
             recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe,
-            ep=plan.ep, expert_imbalance=plan.expert_imbalance)
+            ep=plan.ep, expert_imbalance=plan.expert_imbalance, cp=plan.cp,
+            cp_comm=plan.cp_comm)
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
     lc = layer(True if model.experts else None)
     dense = layer(False) if model.dense_layers else lc
-    head_f, head_b = compute.logits_cost(model, plan.micro_batch, gpu, tp=plan.tp,
-                                          precision=plan.numerics, sustained=su)
+    head_f, head_b = compute.logits_cost(local_model(model, plan.cp), plan.micro_batch, gpu,
+                                          tp=plan.tp, precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages
     split = plan.chunk_layers(model.layers)
     # Megatron-LM: 2 all-reduces of the layer output per layer forward and 2 in backward; with
@@ -387,11 +386,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     # expert parallelism: each MoE layer's dispatch and combine all-to-alls over ep
     # neighbouring data-parallel ranks, carrying the rank's tokens (its s / tp share with
     # sequence parallelism); their seconds alone join the chunk's work
-    ep_place = _Placer(net, strided_group(cluster, plan.ep, plan.tp)) if plan.ep > 1 else None
-    ep_bytes = round(expert_parallel.dispatch_bytes(
-        model, plan.micro_batch * model.seq_len / (plan.tp if plan.sequence_parallel else 1),
-        plan.ep, plan.bytes_per_element, plan.expert_imbalance))
-    per_f, per_b = expert_parallel.alltoalls_per_layer(plan.recompute)
+    layer_inline = per_layer(model, plan, cluster, net, lc)
     out = []
     for g in range(n_chunks):
         figure = figures[g if g in (0, n_chunks - 1) else 1]
@@ -399,14 +394,9 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
         rec = tp_fwd if plan.recompute == "full" else 0
         tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
         ch = ChunkCost(*figure, tp, tp_fwd, tp_fwd + rec)
-        if ep_place is not None:
-            moe = expert_parallel.moe_layers_of(model, split[g], sum(split[:g]))
-            ep = ep_place("alltoall", ep_bytes, g % plan.pp)
-            a2a = ep.alone_s if ep.pipes else 0.0
-            ch = ch._replace(t_fwd=ch.t_fwd + moe * per_f * a2a,
-                             t_bwd=ch.t_bwd + moe * 2 * a2a,
-                             t_rec=ch.t_rec + moe * (per_b - 2) * a2a,
-                             ep=ep, ep_fwd=moe * per_f, ep_bwd=moe * per_b)
+        if layer_inline:
+            ch = with_inline(ch, of_chunk(model, plan, layer_inline[g % plan.pp], split[g],
+                                          sum(split[:g])), plan.recompute)
         out.append(ch)
     return out
 
@@ -414,9 +404,10 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
 def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
                     net: FoldedNetwork) -> dict[tuple[int, int], Placed]:
     """One activation (forward) or activation-gradient (backward) message per pair of
-    neighbouring stages: ``b s h / tp`` elements per GPU (Megatron's scatter-gather)."""
+    neighbouring stages: ``b s h / (tp cp)`` elements per GPU (Megatron's scatter-gather; a
+    context-parallel rank sends its ``s / cp`` tokens)."""
     nbytes = round(plan.micro_batch * model.seq_len * model.hidden * plan.bytes_per_element
-                   / plan.tp)
+                   / (plan.tp * plan.cp))
     out: dict[tuple[int, int], Placed] = {}
     # by the pair's shape: two nodes, or one node and one NIC or two (all ``group_of`` sees)
     costs: dict[tuple[bool, bool], CollectiveCost] = {}
