@@ -118,3 +118,23 @@ def test_the_search_tries_fp8_where_the_gpu_has_it(tmp_path: Path,
                  "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "no FP8 tensor cores" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_search_takes_ep_and_cp_and_names_a_bad_degree(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    moe = ("[model]\npreset='deepseek-moe-16b'\nseq_len=16384\nlayers=4\n"
+           "[cluster]\npreset='dgx-h100'\n[search]\nglobal_batch=8\nmicro_batches=[1]\n"
+           "recompute=['full']\nzero_stages=[1]\ntp_max=1\nmax_virtual_stages=1\n"
+           "expert_parallel=[1, 8]\ncontext_parallel=[1, 2]\ncp_comm=['p2p', 'a2a']\n")
+    out = tmp_path / "rank.csv"
+    assert main(["plan", str(_write(tmp_path, moe)), "--csv", str(out), "--top", "5",
+                 "--workers", "1", "--quiet"]) == 0
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert {(r["ep"], r["cp"], r["cp_comm"]) for r in rows} >= {
+        ("1", "1", "p2p"), ("8", "1", "p2p"), ("1", "2", "p2p"), ("1", "2", "a2a")}
+    assert " ep8" in capsys.readouterr().out  # the table names the layouts
+    bad = moe.replace("expert_parallel=[1, 8]", "expert_parallel=[3]")
+    assert main(["plan", str(_write(tmp_path, bad, "b.toml")), "--workers", "1",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "expert_parallel=(3,)" in err and len(err.strip().splitlines()) == 1

@@ -11,7 +11,9 @@ The config has these tables::
                zero_stages, recompute, sequence_parallel, tp_comm_overlap, max_virtual_stages,
                tp_max, precision, software, fp8 = ["off", "delayed"], expert_parallel =
                [1, 8] (a mixture-of-experts model's ep degrees; default: every one that
-               divides its experts and dp); and confirm = 5, how many to simulate)
+               divides its experts and dp), context_parallel = [1, 2, 4] and cp_comm =
+               ["p2p", "all_gather"] (default: cp tried from 8k-token sequences, ring
+               attention); and confirm = 5, how many to simulate)
     [budget]   tokens = 2e12                    (optional: the run's token budget, and
                usd_per_gpu_hour = 4.9 or price = "aws-p5-capacity-block", usd_per_kwh,
                pue, power_W)
@@ -37,9 +39,10 @@ from labsim.units import fmt_bytes, fmt_time
 
 SEARCH_KEYS = {"global_batch", "micro_batches", "zero_stages", "recompute",
                "sequence_parallel", "tp_comm_overlap", "max_virtual_stages", "tp_max",
-               "precision", "software", "confirm", "fp8", "expert_parallel"}
+               "precision", "software", "confirm", "fp8", "expert_parallel",
+               "context_parallel", "cp_comm"}
 LISTS = {"micro_batches", "zero_stages", "recompute", "sequence_parallel", "tp_comm_overlap",
-         "fp8", "expert_parallel"}
+         "fp8", "expert_parallel", "context_parallel", "cp_comm"}
 BUDGET_KEYS = {"tokens", "usd_per_gpu_hour", "price", "usd_per_kwh", "pue", "power_W"}
 
 

@@ -144,6 +144,7 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         f"{p.global_batch}, ZeRO-{p.zero_stage}, recompute={p.recompute}, "
         f"attention={p.attention}, software={getattr(p.software, 'name', p.software)}"
         + (f", fp8={p.fp8}" if p.fp8 else "")
+        + (f", cp={p.cp} ({p.cp_comm})" if p.cp > 1 else "")
         + (f", ep={p.ep}" + (f" (busiest rank x{p.expert_imbalance:g})"
                              if p.expert_imbalance != 1 else "") if p.ep > 1 else "")
         + ("".join(f", {what} counted as a layer" for what, counted in (

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from labsim.cluster import Cluster
+from labsim.context_parallel import CP_COMM
 from labsim.fp8 import check_gpu
 from labsim.plan import Plan
 from labsim.sim.step import simulate_step
@@ -43,6 +44,9 @@ from labsim.step import StepResult, estimate_step
 from labsim.workload import Transformer
 
 Estimator = Callable[[Transformer, Cluster, Plan], StepResult]
+# sequences from which the search tries context parallelism: Megatron-Core's MoE README
+# ("Empirically, use CP when sequence length >= 8K")
+LONG_SEQUENCE = 8192
 
 #: Why a candidate is dropped (the keys of ``PlanSearch.dropped``).
 REASONS = {
@@ -56,16 +60,21 @@ REASONS = {
     "leading dense layers beyond the first chunk": "labsim prices them in the first chunk",
     "ep does not divide dp and the experts": "EP ranks are DP ranks holding whole experts",
     "EP with TP but no sequence parallelism": "Megatron-Core requires it for MoE with TP",
+    "2 x cp does not split the sequence": "the load-balanced causal split needs 2 cp chunks",
+    "a2a: cp does not split the heads": "Ulysses splits each TP rank's heads over cp",
+    "context parallelism without flash attention": "it runs in the fused attention kernel",
     "does not fit in memory": "first stage's peak above the GPU's memory",
 }
 
 
 def layout_name(plan: Plan) -> str:
-    """``"dp x tp x pp"`` with the interleaving, expert parallelism and FP8, e.g. ``"8x8x2
-    v2"`` or ``"16x1x4 v8 ep8"``."""
+    """``"dp x tp x pp"`` with the interleaving, context and expert parallelism and FP8,
+    e.g. ``"8x8x2 v2"``, ``"16x1x4 v8 ep8"`` or ``"8x8x16 v8 cp16 all_gather"``."""
     return f"{plan.dp}x{plan.tp}x{plan.pp}" + (f" v{plan.virtual_stages}"
                                                if plan.virtual_stages > 1 else "") + (
-        f" ep{plan.ep}" if plan.ep > 1 else "") + (" fp8" if plan.fp8 else "")
+        f" cp{plan.cp}" + ("" if plan.cp_comm == "p2p" else f" {plan.cp_comm}")
+        if plan.cp > 1 else "") + (f" ep{plan.ep}" if plan.ep > 1 else "") + (
+        " fp8" if plan.fp8 else "")
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,8 @@ class RankedPlan:
 
     @property
     def layout(self) -> str:
-        """``"dp x tp x pp"`` with the interleaving, expert parallelism and FP8, e.g. ``"8x8x2
-    v2"`` or ``"16x1x4 v8 ep8"``."""
+        """``"dp x tp x pp"`` with the interleaving, context and expert parallelism and FP8,
+    e.g. ``"8x8x2 v2"``, ``"16x1x4 v8 ep8"`` or ``"8x8x16 v8 cp16 all_gather"``."""
         return layout_name(self.plan)
 
     def row(self) -> dict[str, Any]:
@@ -153,6 +162,8 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                     tp_max: int | None = None,
                     precision: str = "bf16", fp8: Sequence[str | None] = (None,),
                     expert_parallel: Sequence[int] | None = None,
+                    context_parallel: Sequence[int] | None = None,
+                    cp_comm: Sequence[str] = ("p2p",),
                     **fixed: Any) -> Iterator[dict[str, Any]]:
     """Every combination of plan fields the search looks at (as ``Plan`` keyword arguments;
     ``fixed`` fields, e.g. ``software="megatron-lm-2021"``, go to every plan unchanged).
@@ -163,7 +174,10 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
     GPUs); ``fp8``: the FP8 recipes to try (``labsim.fp8``; None: 16-bit GEMMs), e.g.
     ``(None, "delayed")`` on an H100; ``expert_parallel``: the ep degrees to try for a
     mixture-of-experts model (default: every one that divides both its experts and dp;
-    ``labsim.expert_parallel``), 1 for a dense one."""
+    ``labsim.expert_parallel``), 1 for a dense one; ``context_parallel``: the cp degrees to try
+    (default: for sequences of 8k tokens or more, Megatron-Core's threshold for context
+    parallelism, every one whose 2 x cp chunks split the sequence; 1 below) and ``cp_comm``
+    how (``labsim.context_parallel.CP_COMM``)."""
     if fixed.get("microbatch_group") is not None:
         raise ValueError(
             "microbatch_group cannot be fixed for a search: it must lie between each "
@@ -185,29 +199,39 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                                       or (model.experts or 1) % e for e in expert_parallel):
             raise ValueError(f"expert_parallel={expert_parallel!r}: give ep degrees that "
                              f"divide {model.name}'s {model.experts or 1} experts, e.g. (1,)")
+    cp_comm = tuple(cp_comm)
+    if not cp_comm or any(c not in CP_COMM for c in cp_comm):
+        raise ValueError(f"cp_comm={cp_comm!r}: give a non-empty choice of {CP_COMM}")
+    if context_parallel is not None:
+        context_parallel = tuple(context_parallel)
+        if not context_parallel or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                       for c in context_parallel):
+            raise ValueError(f"context_parallel={context_parallel!r}: give cp degrees >= 1, "
+                             "e.g. (1, 2, 4)")
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
             continue
         for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            eps = ([e for e in _divisors(dp) if model.experts % e == 0] if model.experts
-                   else [1]) if expert_parallel is None else expert_parallel
+            rest = gpus // (tp * pp)
+            cps = context_parallel or [c for c in _divisors(rest) if c == 1 or (
+                model.seq_len >= LONG_SEQUENCE and model.seq_len % (2 * c) == 0)]
             virtual = [1] + [v for v in range(2, max_virtual_stages + 1) if pp > 1]
             sps = sequence_parallel if tp > 1 else (False,)
             overlaps = tp_comm_overlap if 1 < tp <= overlap_tp_max else (False,)
-            for v in virtual:
-                for mb in micro_batches:
-                    for zero in zero_stages:
-                        for rc in recompute:
-                            for sp, ov, f8, ep in itertools.product(sps, overlaps, fp8,
-                                                                     eps):
-                                yield dict(dp=dp, tp=tp, pp=pp, ep=ep, virtual_stages=v,
-                                           schedule="interleaved" if v > 1 else "1f1b",
-                                           micro_batch=mb, global_batch=global_batch,
-                                           zero_stage=zero, recompute=rc,
-                                           sequence_parallel=sp, tp_comm_overlap=ov,
-                                           precision=precision, fp8=f8, **fixed)
+            for cp, v, mb, zero, rc in itertools.product(
+                    [c for c in cps if rest % c == 0], virtual, micro_batches, zero_stages,
+                    recompute):
+                dp = rest // cp
+                eps = ([e for e in _divisors(dp) if model.experts % e == 0] if model.experts
+                       else [1]) if expert_parallel is None else expert_parallel
+                comms = cp_comm if cp > 1 else ("p2p",)
+                for sp, ov, f8, ep, cc in itertools.product(sps, overlaps, fp8, eps, comms):
+                    yield dict(dp=dp, tp=tp, pp=pp, cp=cp, cp_comm=cc, ep=ep, virtual_stages=v,
+                               schedule="interleaved" if v > 1 else "1f1b",
+                               micro_batch=mb, global_batch=global_batch, zero_stage=zero,
+                               recompute=rc, sequence_parallel=sp, tp_comm_overlap=ov,
+                               precision=precision, fp8=f8, **fixed)
 
 
 def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
@@ -233,6 +257,15 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
         return "interleaved: micro-batches not a multiple of pp"
     if spec.get("zero_stage", 0) >= 2 and pp > 1:
         return "ZeRO-2/3 with pipeline parallelism"
+    cp = spec.get("cp", 1)
+    if cp > 1:
+        if model.seq_len % (2 * cp):
+            return "2 x cp does not split the sequence"
+        if spec.get("cp_comm", "p2p") == "a2a" and ((heads // tp) % cp or max(1, kv // tp) % cp):
+            return "a2a: cp does not split the heads"
+        attention = spec.get("attention") or profile(spec.get("software", "generic")).attention
+        if attention != "flash":
+            return "context parallelism without flash attention"
     ep = spec.get("ep", 1)
     if model.experts:
         if spec.get("zero_stage", 0) == 3:
