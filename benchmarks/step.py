@@ -142,10 +142,13 @@ _YEARS = {"narayanan2021": 2021, "megatronlm": 2021, "korthikanti2022": 2022,
 
 
 def run_feature(run) -> str:
-    """What a run uses beyond dense 16-bit training: "FP8", "MoE + EP" or "BF16/FP16"."""
+    """What a run uses beyond dense 16-bit training: "FP8", "MoE + EP", "CP" or
+    "BF16/FP16"."""
     if run.plan_spec.get("fp8"):
         return "FP8"
-    return "MoE + EP" if run.model_spec.get("experts") else "BF16/FP16"
+    if run.model_spec.get("experts"):
+        return "MoE + EP"
+    return "CP" if run.plan_spec.get("cp", 1) > 1 else "BF16/FP16"
 
 
 def run_year(run) -> int:

@@ -1628,13 +1628,13 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     from the goal (median 5 %, max 10 %) and are held where they are, so that a change that
     makes them worse shows."""
     errors: dict[str, list[float]] = {"calibration": [], "held-out": [], "unseen": [],
-                                      "fp8": [], "moe": []}
+                                      "fp8": [], "moe": [], "cp": []}
     lines = []
     for run in runs():
         r = simulate_step(run.model, run.cluster, run.plan)
         e = r.step_time_s / run.measured_step_s() - 1
         group = ("unseen" if run.id.startswith(UNSEEN_SOURCES) else "fp8" if run.plan.fp8
-                 else "moe" if run.model.experts else run.role)
+                 else "moe" if run.model.experts else "cp" if run.plan.cp > 1 else run.role)
         assert group == run.role or run.role == "held-out"
         errors[group].append(abs(e))
         lines.append(f"{run.role:<12} {run.id:<46} {e:+7.1%}")
@@ -1651,12 +1651,14 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     assert len(fp8) == 6 and statistics.median(fp8) <= 0.11 and max(fp8) <= 0.21
     # mixture of experts with expert parallelism: Megatron-Core v0.9's Mixtral 8x7B, -1.4 %
     assert len(errors["moe"]) == 1 and max(errors["moe"]) <= 0.03
+    # context parallelism: Llama 3 405B's 128K stage (CP16, all-gather), -12.3 % (docs/step.md)
+    assert len(errors["cp"]) == 1 and max(errors["cp"]) <= 0.13
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within
     # 9 %; BLOOM's three batches, whose network runs at NCCL's measured channel rate on Omni-Path
     # (not fitted to them), within 7.5 %
     rest = {r.id: simulate_step(r.model, r.cluster, r.plan).step_time_s / r.measured_step_s() - 1
             for r in runs() if r.role == "held-out" and not r.id.startswith(UNSEEN_SOURCES)
-            and not r.plan.fp8 and not r.model.experts
+            and not r.plan.fp8 and not r.model.experts and r.plan.cp == 1
             and r.plan_spec["software"] != "deepspeed-zero3-2021"}
     assert max(map(abs, rest.values())) <= 0.09
     assert statistics.median(map(abs, rest.values())) <= 0.04
@@ -1667,7 +1669,8 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
 # docs/step.md section 3: the model puts Llama 3 405B's first stage at 90.8 / 90.5 GB (it
 # keeps the whole fp32 gradient and SwiGLU's four f-wide tensors; the paper shards gradients
 # and does not say what its MLP keeps)
-MEMORY_MISSES = ["meta2024_llama3_405b_8192gpu", "meta2024_llama3_405b_16384gpu"]
+MEMORY_MISSES = ["meta2024_llama3_405b_8192gpu", "meta2024_llama3_405b_16384gpu",
+                 "meta2024_llama3_405b_cp16_131k_16384gpu"]
 
 
 @pytest.mark.slow
