@@ -418,7 +418,7 @@ def plan_search(model: Transformer, cluster: Cluster, global_batch: int, *,
 
 
 #: The fields of a published run's plan the search varies; the rest stay as published.
-LAYOUT_FIELDS = ("dp", "tp", "pp", "virtual_stages", "schedule")
+LAYOUT_FIELDS = ("dp", "tp", "pp", "virtual_stages", "schedule", "ep", "cp", "cp_comm")
 
 
 @dataclass(frozen=True)
@@ -447,6 +447,15 @@ class LayoutCheck:
         return self.search.ranked[self.rank].step_time_s / self.search.best.step_time_s - 1
 
 
+def _published_axes(spec: dict[str, Any]) -> dict[str, Any]:
+    """The published run's CP communication and FP8 recipe as the search's only choices
+    (the degrees of cp and ep are searched around them)."""
+    out: dict[str, Any] = {"cp_comm": (spec.get("cp_comm", "p2p"),)}
+    if "fp8" in spec:
+        out["fp8"] = (spec["fp8"],)
+    return out
+
+
 def check_layout(run: Any, *, max_virtual_stages: int | None = None, confirm: int = 3,
                  workers: int | None = None, **space: Any) -> LayoutCheck:
     """Search the layouts (``LAYOUT_FIELDS``) of a published run (``labsim.published.Run``)
@@ -462,9 +471,8 @@ def check_layout(run: Any, *, max_virtual_stages: int | None = None, confirm: in
         micro_batches=(spec.get("micro_batch", 1),), zero_stages=(spec.get("zero_stage", 0),),
         recompute=(spec.get("recompute", "none"),),
         sequence_parallel=(spec.get("sequence_parallel", False),),
-        max_virtual_stages=max_virtual_stages or max(4, v), **{**fixed, **space})
-    p = run.plan
-    key = (p.dp, p.tp, p.pp, p.virtual_stages)
+        max_virtual_stages=max_virtual_stages or max(4, v),
+        **{**fixed, **_published_axes(spec), **space})
     rank = next((i for i, r in enumerate(search.ranked)
-                 if (r.plan.dp, r.plan.tp, r.plan.pp, r.plan.virtual_stages) == key), None)
-    return LayoutCheck(run.id, layout_name(p), search, rank)
+                 if layout_name(r.plan) == layout_name(run.plan)), None)
+    return LayoutCheck(run.id, layout_name(run.plan), search, rank)
