@@ -46,7 +46,7 @@ from labsim.efficiency import (  # noqa: F401  (re-exported: labsim.compute's co
     log_curve,
 )
 from labsim.expert_parallel import check_imbalance, check_moe_layer, local_experts, routed_rows
-from labsim.fp8 import TRANSPOSE_BYTES, cast_bytes, check_gpu
+from labsim.fp8 import cast_bytes, check_gpu, fused_input_bytes, gemm_slowdown
 from labsim.hardware import GPU
 from labsim.op_sac import op_sac_matmuls
 from labsim.precision import Precision, training_precision
@@ -165,6 +165,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     tokens = micro_batch * s
     gemm_dtype = prec.peak_dtype(gpu)
     lin_dtype, lin_e = (gemm_dtype, e) if fp8 is None else ("fp8", 1)  # the linear layers
+    slow = gemm_slowdown(fp8)  # per-block scales applied as the GEMM accumulates
     check_gpu((fp8,), gpu)
     gemms = {g.name: g for g in model.layer_gemms(micro_batch, tp)}
     linears = [(g.name, g.m, g.n, g.k, 1) for g in gemms.values()
@@ -177,16 +178,17 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     for name, rows, n, k, count in linears:  # count: identical GEMMs, each priced alone
         flops = 2.0 * rows * n * k * count
         m = rows * imbalance if name.startswith("expert_") else rows
-        t = count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su)
+        t = count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e,
+                              sustained=su) * slow
         fwd += PassCost(t, flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
         t_b = count * (gemm_time(m, k, n, gpu, lin_dtype, bytes_per_element=lin_e,
                                  sustained=su)
                        + gemm_time(k, n, m, gpu, lin_dtype, bytes_per_element=lin_e,
-                                   sustained=su))
+                                   sustained=su)) * slow
         bwd += PassCost(t_b, 2.0 * flops)
         if fp8 is not None:  # labsim.fp8: the input's cast (or transpose), the gradient's cast
-            cast = cast_bytes(fp8, e) if name == "attn_out" else TRANSPOSE_BYTES
+            cast = cast_bytes(fp8, e) if name == "attn_out" else fused_input_bytes(fp8, e)
             fwd += PassCost(memory_time(count * m * k * cast, gpu, su), 0.0)
             bwd += PassCost(memory_time(count * m * n * cast_bytes(fp8, e), gpu, su), 0.0)
 
@@ -214,8 +216,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         core_f = PassCost(t_qk + t_pv + soft_f, attn_flops)
         core_b = PassCost(2 * (t_qk + t_pv) + soft_b, 2.0 * attn_flops)
     if cp > 1:  # the rank's block of queries against all cp blocks of keys: cp times its own
-        core_f = PassCost(core_f.time_s * cp, core_f.flops * cp)
-        core_b = PassCost(core_b.time_s * cp, core_b.flops * cp)
+        core_f, core_b = core_f.scaled(cp), core_b.scaled(cp)
     fwd += core_f
     bwd += core_b
 
@@ -243,11 +244,12 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
             for name, m, n, k, count in (x for x in linears if x[0].endswith("down")):
                 rows = m * imbalance if name.startswith("expert_") else m
                 rec = PassCost(rec.time_s - count * gemm_time(
-                    rows, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su),
+                    rows, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su) * slow,
                     rec.flops - 2.0 * m * n * k * count)
     elif recompute == "op-sac":
         rec = _op_sac_recompute(model, tokens, tp, gpu, lin_dtype, lin_e, su,
-                                fwd_elementwise=memory_time(elem_bytes, gpu, su))
+                                fwd_elementwise=memory_time(elem_bytes, gpu, su),
+                                slowdown=slow)
         if attention == "standard":  # bmm and softmax are not on torchtitan's save list
             rec += core_f
     elif recompute == "selective" and attention == "standard":
@@ -282,7 +284,8 @@ def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1
 
 
 def _op_sac_recompute(model: Transformer, tokens: int, tp: int, gpu: GPU, gemm_dtype: str,
-                      e: int, sustained: float | None, *, fwd_elementwise: float) -> PassCost:
+                      e: int, sustained: float | None, *, fwd_elementwise: float,
+                      slowdown: float = 1.0) -> PassCost:
     """What the backward re-executes under torchtitan's op-level selective checkpointing
     (``labsim.op_sac.op_sac_per_layer``): the matmuls whose outputs are not saved
     (``labsim.op_sac.op_sac_matmuls``: wk, wo and w3 for a Llama block; every projection of
@@ -297,7 +300,7 @@ def _op_sac_recompute(model: Transformer, tokens: int, tp: int, gpu: GPU, gemm_d
         row_parallel = name in ("wo", "w2", "fc2")
         n, k = (out, inp // tp) if row_parallel else (out // tp, inp)
         rec += PassCost(gemm_time(tokens, n, k, gpu, gemm_dtype, bytes_per_element=e,
-                                  sustained=sustained), 2.0 * tokens * n * k)
+                                  sustained=sustained) * slowdown, 2.0 * tokens * n * k)
     return rec
 
 

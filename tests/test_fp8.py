@@ -9,7 +9,7 @@ import pytest
 
 import labsim
 from labsim import compute
-from labsim.fp8 import FP8_RECIPES, TRANSPOSE_BYTES, cast_bytes
+from labsim.fp8 import FP8_RECIPES, TRANSPOSE_BYTES, cast_bytes, fused_input_bytes, gemm_slowdown
 from labsim.published import runs
 
 LLAMA = labsim.Transformer.preset("llama2-7b")
@@ -47,12 +47,33 @@ def test_fp8_is_refused_where_it_cannot_run() -> None:
         compute.layer_cost(LLAMA, 1, labsim.gpu("A100-80GB"), fp8="delayed")
     with pytest.raises(ValueError, match="no FP8 tensor cores"):
         labsim.estimate_step(LLAMA, labsim.dgx_a100(1), labsim.Plan(dp=8, fp8="delayed"))
-    for bad in ("e4m3", "blockwise", 1):
+    for bad in ("e4m3", "mxfp8", 1):
         with pytest.raises(ValueError, match="choose one of"):
             labsim.Plan(dp=8, fp8=bad)
     with pytest.raises(ValueError, match="16-bit"):
         labsim.Plan(dp=8, fp8="delayed", precision="fp32")
-    assert FP8_RECIPES == ("delayed", "current")
+    assert FP8_RECIPES == ("delayed", "current", "blockwise")
+
+
+def test_per_block_scaling_costs_its_scales_a_second_quantization_and_gemm_time() -> None:
+    """DeepSeek-V3's 1 x 128 / 128 x 128 scaling (labsim.fp8): an fp32 scale per 128
+    elements of each copy, the fused inputs quantized again along the other axis, and the
+    GEMMs slower by the published block-scaled kernel's shortfall (1550 against 1609
+    TFLOP/s)."""
+    assert cast_bytes("blockwise", 2) == pytest.approx(4 + 8 / 128)
+    assert fused_input_bytes("blockwise", 2) == pytest.approx(3 + 4 / 128)
+    assert fused_input_bytes("delayed", 2) == TRANSPOSE_BYTES
+    assert gemm_slowdown("blockwise") == pytest.approx(1609 / 1550)
+    assert gemm_slowdown("delayed") == gemm_slowdown(None) == 1.0
+    tensor = compute.layer_cost(LLAMA, 2, H100, fp8="delayed")
+    block = compute.layer_cost(LLAMA, 2, H100, fp8="blockwise")
+    bf16 = compute.layer_cost(LLAMA, 2, H100)
+    assert tensor.forward.time_s < block.forward.time_s < bf16.forward.time_s
+    assert block.forward.flops == tensor.forward.flops
+    plan = dict(dp=8, micro_batch=2, global_batch=64, software="megatron-core-te")
+    steps = {r: labsim.estimate_step(LLAMA, labsim.dgx_h100(1), labsim.Plan(**plan, fp8=r))
+             .step_time_s for r in (None, "delayed", "blockwise")}
+    assert steps["delayed"] < steps["blockwise"] < steps[None]
 
 
 def test_fp8_speeds_the_step_but_not_its_communication_or_attention() -> None:
