@@ -109,6 +109,9 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    ep_overlap: the all-to-alls run beside another micro-batch's compute (Megatron-Core 0.14's
+        ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe): only what outlasts a
+        layer's forward and backward shows.  Needs ep > 1.
     cp, cp_comm: context parallelism (``labsim.context_parallel``): every sequence split over
         ``cp`` GPUs (GPUs = dp * tp * pp * cp), attention's keys and values passed round a ring
         (``"p2p"``, overlapped with attention), all-gathered (``"all_gather"``) or exchanged by
@@ -141,6 +144,7 @@ class Plan:
     expert_imbalance: float = 1.0
     cp: int = 1
     cp_comm: str = "p2p"
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
@@ -151,6 +155,11 @@ class Plan:
                              "dividing dp")
         object.__setattr__(self, "expert_imbalance", check_imbalance(self.expert_imbalance))
         _choice("cp_comm", self.cp_comm, CP_COMM)
+        if not isinstance(self.ep_overlap, bool):
+            raise ValueError(f"ep_overlap={self.ep_overlap!r}: must be True or False")
+        if self.ep_overlap and self.ep == 1:
+            raise ValueError("ep_overlap=True overlaps expert parallelism's all-to-alls: set "
+                             "ep > 1 or leave ep_overlap False")
         if self.gpus > 2**20:
             raise ValueError(f"{self._product} = {self.gpus:,} GPUs is more than the 1,048,576 "
                              "this simulator accepts; use smaller degrees")

@@ -130,3 +130,23 @@ def test_the_planner_searches_ep_and_names_why_it_drops_a_layout() -> None:
                         max_virtual_stages=8, workers=1, confirm=1)
     layouts = [layout_name(r.plan) for r in found.ranked]
     assert any(" ep8" in x for x in layouts) and "16x1x4 v8 ep8" in layouts
+
+
+def test_overlapped_all_to_alls_show_only_what_outlasts_a_layer() -> None:
+    cluster = labsim.dgx_h100(8)
+    with pytest.raises(ValueError, match="set ep > 1"):
+        Plan(dp=8, ep_overlap=True)
+    times = {}
+    for ep, overlap in ((8, False), (8, True), (64, False), (64, True)):
+        plan = Plan(dp=64, micro_batch=1, global_batch=512, zero_stage=1,
+                    software="megatron-core-te", ep=ep, ep_overlap=overlap)
+        inline = step_costs(DEEPSEEK, cluster, plan).chunks[0].inline
+        layers = 28 - 1  # MoE layers of the one chunk
+        if overlap and ep == 8:  # NVLink all-to-alls hide whole
+            assert inline == ()
+        elif overlap:  # InfiniBand ones only in part
+            assert 0 < inline[0].fwd < 2 * layers
+        else:
+            assert (inline[0].fwd, inline[0].bwd) == (2 * layers, 2 * layers)
+        times[ep, overlap] = labsim.estimate_step(DEEPSEEK, cluster, plan).step_time_s
+    assert times[8, True] < times[8, False] and times[64, True] < times[64, False]

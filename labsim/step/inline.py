@@ -1,5 +1,6 @@
 """Collectives inside a chunk's ops that its compute waits for, besides tensor parallelism's:
-expert parallelism's dispatch and combine all-to-alls (``labsim.expert_parallel``) and context
+expert parallelism's dispatch and combine all-to-alls (``labsim.expert_parallel``; with
+``Plan(ep_overlap=True)`` only what outlasts another micro-batch's layer compute) and context
 parallelism's attention traffic (``labsim.context_parallel``: the ring's sends where attention
 does not hide them, or its blocking all-gathers or all-to-alls).
 
@@ -59,7 +60,12 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
         cost = plan_collective("alltoall", nbytes, strided_group(cluster, plan.ep, plan.tp))
         f, b = expert_parallel.alltoalls_per_layer("none")
         for s in range(plan.pp):
-            out.setdefault(s, []).append((net.place(cost, s), f, b, True))
+            placed = net.place(cost, s)
+            shown = 1.0
+            if plan.ep_overlap and placed.alone_s:  # beside another micro-batch's layer
+                shown = max(0.0, 1.0 - (lc.forward.time_s + lc.backward.time_s)
+                            / ((f + b) * placed.alone_s))
+            out.setdefault(s, []).append((placed, f * shown, b * shown, True))
     if plan.cp > 1:
         for s, entries in _context_parallel(model, plan, cluster, net, lc).items():
             out.setdefault(s, []).extend(entries)
