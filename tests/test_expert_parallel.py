@@ -150,3 +150,8 @@ def test_overlapped_all_to_alls_show_only_what_outlasts_a_layer() -> None:
             assert (inline[0].fwd, inline[0].bwd) == (2 * layers, 2 * layers)
         times[ep, overlap] = labsim.estimate_step(DEEPSEEK, cluster, plan).step_time_s
     assert times[8, True] < times[8, False] and times[64, True] < times[64, False]
+    from labsim.sim.plan import candidate_plans
+    specs = list(candidate_plans(MIXTRAL, cluster, 256, micro_batches=(1,), zero_stages=(1,),
+                                 recompute=("none",), ep_overlap=True))
+    assert {(s["ep"] > 1, s.get("ep_overlap", False)) for s in specs} == {
+        (True, True), (False, False)}  # a search asked to overlap leaves ep = 1 plans alone

@@ -208,6 +208,7 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                                        for c in context_parallel):
             raise ValueError(f"context_parallel={context_parallel!r}: give cp degrees >= 1, "
                              "e.g. (1, 2, 4)")
+    no_ep_overlap = {k: v for k, v in fixed.items() if k != "ep_overlap"}  # for ep = 1
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:
@@ -231,7 +232,8 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                                schedule="interleaved" if v > 1 else "1f1b",
                                micro_batch=mb, global_batch=global_batch, zero_stage=zero,
                                recompute=rc, sequence_parallel=sp, tp_comm_overlap=ov,
-                               precision=precision, fp8=f8, **fixed)
+                               precision=precision, fp8=f8,
+                               **(fixed if ep > 1 else no_ep_overlap))
 
 
 def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
