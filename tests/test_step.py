@@ -1633,8 +1633,9 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     for run in runs():
         r = simulate_step(run.model, run.cluster, run.plan)
         e = r.step_time_s / run.measured_step_s() - 1
-        group = ("unseen" if run.id.startswith(UNSEEN_SOURCES) else "fp8" if run.plan.fp8
-                 else "moe" if run.model.experts else "cp" if run.plan.cp > 1 else run.role)
+        group = ("fp8" if run.plan.fp8 else "moe" if run.model.experts
+                 else "cp" if run.plan.cp > 1
+                 else "unseen" if run.id.startswith(UNSEEN_SOURCES) else run.role)
         assert group == run.role or run.role == "held-out"
         errors[group].append(abs(e))
         lines.append(f"{run.role:<12} {run.id:<46} {e:+7.1%}")
@@ -1645,12 +1646,13 @@ def test_calibration_and_held_out_errors_within_the_bounds_reached(capsys):
     assert len(held) == 33 and statistics.median(held) <= 0.041 and max(held) <= 0.20
     assert sum(e <= 0.10 for e in held) >= 31
     assert len(unseen) == 11 and statistics.median(unseen) <= 0.097 and max(unseen) <= 0.275
-    # FP8 (NeMo 24.11's FP8 rows, the BF16 rows' layouts): the model's FP8 is too fast on the
-    # larger models (docs/step.md section 3)
+    # FP8 (NeMo 24.11's FP8 rows, the BF16 rows' layouts; NeMo 25.04's Grok-1): the model's
+    # FP8 is too fast on the larger models (docs/step.md section 3)
     fp8 = errors["fp8"]
-    assert len(fp8) == 6 and statistics.median(fp8) <= 0.11 and max(fp8) <= 0.21
-    # mixture of experts with expert parallelism: Megatron-Core v0.9's Mixtral 8x7B, -1.4 %
-    assert len(errors["moe"]) == 1 and max(errors["moe"]) <= 0.03
+    assert len(fp8) == 8 and statistics.median(fp8) <= 0.16 and max(fp8) <= 0.21
+    # mixture of experts with expert parallelism: Megatron-Core v0.9's Mixtral 8x7B (-1.4 %),
+    # NeMo 25.04's Grok-1 314B with EP 8 across nodes and CP 2 (-0.8, -2.2 %)
+    assert len(errors["moe"]) == 3 and max(errors["moe"]) <= 0.03
     # context parallelism: Llama 3 405B's 128K stage (CP16, all-gather), -12.3 % (docs/step.md)
     assert len(errors["cp"]) == 1 and max(errors["cp"]) <= 0.13
     # without DeepSpeed's ZeRO-3 of 2021 (partly explained, docs/step.md) every run is within
