@@ -80,7 +80,7 @@ def test_both_faces_price_an_moe_step_alike_and_count_active_flops() -> None:
     assert est.mfu == pytest.approx(
         flops / est.step_time_s / (cluster.world_size * H100.peak("bf16")), rel=1e-3)
     assert 0.1 < est.mfu < est.hfu < 0.9
-    assert "one published run only" in est.band.describe()  # the band is the dense runs'
+    assert "three published runs only" in est.band.describe()  # the band is the dense runs'
     dense = labsim.estimate_step(labsim.Transformer.preset("llama2-7b"), cluster, plan)
     assert "MoE" not in dense.band.describe()
 

@@ -76,12 +76,13 @@ class StepResult:
     def band(self) -> ErrorBand:
         """How far to trust ``step_time_s``: the median and largest error of published runs
         of this software's stack predicted with that stack left out of the fit
-        (``labsim.bands``); a mixture-of-experts model's says that one published MoE run
-        stands behind its MoE layers."""
+        (``labsim.bands``); a mixture-of-experts model's says how few published MoE runs
+        stand behind its MoE layers."""
         band = error_band(self.plan.software)
         if self.costs is not None and self.costs.model.experts:
-            return replace(band, basis=band.basis + "; its MoE layers checked on one published "
-                                                    "run only (Mixtral 8x7B, expert-parallel)")
+            return replace(band, basis=band.basis + "; its MoE layers checked on three "
+                                                    "published runs only (Mixtral 8x7B, "
+                                                    "Grok-1; docs/step.md section 3)")
         return band
 
     def __getstate__(self) -> dict:
