@@ -207,6 +207,7 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp8-e5m2": torch.float8_e5m2,
+    "fp8-e4m3": torch.float8_e4m3fn,
 }
 
 
