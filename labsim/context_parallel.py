@@ -70,21 +70,11 @@ def kv_block_bytes(model: Transformer, micro_batch: int, tp: int, cp: int,
     return micro_batch * model.seq_len / cp * 2 * heads * model.head_dim * bytes_per_element
 
 
-def exposed_steps(steps: int, block_s: float, send_s: float) -> float:
-    """Ring steps' worth of sends that attention does not hide: each of ``steps`` sends of
-    ``send_s`` seconds runs beside ``block_s`` seconds of one block's attention and shows only
-    where it is longer (Transformer Engine overlaps the next block's send with this block's
-    kernel)."""
-    if send_s <= 0:
-        return 0.0
-    return steps * max(0.0, 1.0 - block_s / send_s)
-
-
 def cp_collectives(model: Transformer, micro_batch: int, tp: int, cp: int, cp_comm: str,
                    bytes_per_element: float) -> list[tuple[str, float, int, int]]:
     """The blocking collectives of one layer's attention over the cp group as ``(op, bytes,
     forward count, backward count)``, for ``"all_gather"`` and ``"a2a"`` (``"p2p"``'s ring
-    sends are priced with their overlap: ``kv_block_bytes``, ``exposed_steps``).  Bytes as
+    sends are priced with their overlap, ``labsim.step.inline``).  Bytes as
     ``labsim.collectives`` counts them: an all-gather's gathered buffer, an all-to-all's send
     buffer."""
     if cp == 1 or cp_comm == "p2p":

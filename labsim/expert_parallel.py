@@ -48,10 +48,10 @@ def check_imbalance(imbalance: object) -> float:
     return float(imbalance)
 
 
-def check_ep(model: Transformer, ep: int, dp: int, tp: int = 1,
-             sequence_parallel: bool = False) -> None:
-    """Raise ``ValueError`` naming the fix unless ``ep`` experts-parallel ranks can hold
-    ``model``'s experts inside a ``dp``-way data-parallel group (module doc)."""
+def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool = False
+             ) -> None:
+    """Raise ``ValueError`` naming the fix unless ``ep`` expert-parallel ranks can hold
+    ``model``'s experts (module doc; that ``ep`` divides dp, ``labsim.Plan`` checks)."""
     if ep == 1:
         return
     if not model.experts:
@@ -61,9 +61,6 @@ def check_ep(model: Transformer, ep: int, dp: int, tp: int = 1,
         divisors = [d for d in range(1, model.experts + 1) if model.experts % d == 0]
         raise ValueError(f"ep={ep} does not divide {model.name}'s {model.experts} experts: each "
                          f"rank holds whole experts; choose ep among {divisors}")
-    if dp % ep:
-        raise ValueError(f"ep={ep} does not divide dp={dp}: the expert-parallel group is made "
-                         "of data-parallel ranks (Megatron-Core); choose ep dividing dp")
     if tp > 1 and not sequence_parallel:
         raise ValueError(f"ep={ep} with tp={tp} needs sequence_parallel=True (Megatron-Core's "
                          "MoE README: with expert and tensor parallelism, sequence "

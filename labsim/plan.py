@@ -340,7 +340,7 @@ class Plan:
                              "<= 2")
         check_cp(model, self.cp, self.cp_comm, self.tp, self.attention)  # type: ignore[arg-type]
         if getattr(model, "experts", 0) or self.ep > 1:
-            check_ep(model, self.ep, self.dp, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
+            check_ep(model, self.ep, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)

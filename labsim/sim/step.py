@@ -48,6 +48,7 @@ from labsim.plan import Plan
 from labsim.sim.network import Network
 from labsim.step import StepCosts, StepResult, result_from, stage_memory, step_costs
 from labsim.step.alone import alone_schedule, op_time
+from labsim.step.inline import flows as inline_flows
 from labsim.workload import Transformer
 
 MAX_OPS = 2_000_000  # pipeline ops (2 pp m v): beyond, a simulation takes minutes
@@ -165,14 +166,13 @@ class _Engine:
         (``labsim.step.inline``: EP's all-to-alls, CP's exposed sends), which move on the
         network after the compute, in order."""
         busy: simpy.Event | None = None
-        flows = [(x.placed, x.fwd if forward else x.bwd) for x in inline]
-        flows = [(pl, n) for pl, n in flows if n and pl.pipes]
-        if flows:
-            compute = work - sum([pl.alone_s * n for pl, n in flows])
+        moving = inline_flows(inline, forward)
+        if moving:
+            compute = work - sum([pl.alone_s * n for pl, n in moving])
 
             def body() -> Generator:
                 yield self.env.timeout(compute)
-                for pl, n in flows:
+                for pl, n in moving:
                     yield self._flow(pl, n)
             busy = self.env.process(body())
         if self.hidden and tp is not None and calls:

@@ -25,6 +25,7 @@ from labsim.network import Placed, shared_growth
 from labsim.pipeline import Op, Schedule
 from labsim.step.beside import BucketStream, beside_stream, buckets_of_op
 from labsim.step.costs import StepCosts
+from labsim.step.inline import flows as inline_flows
 
 
 def op_terms(work: float, tp: Placed | None, calls: int, hidden: float
@@ -381,8 +382,7 @@ def _overlapping(c: StepCosts, schedule: Schedule, times: list[list[float]],
                 send = c.p2p.get((s, nxt % p)) if 0 <= nxt < p * plan.virtual_stages else None
                 tp_pipes = tp.pipes if tp is not None and tp_watch else ()
                 send_pipes = send.pipes if send is not None else ()
-                flows = [(x.placed, x.fwd if fwd else x.bwd) for x in ch.inline]
-                flows = [(pl, n) for pl, n in flows if n and pl.pipes]
+                flows = inline_flows(ch.inline, fwd)
                 inline_pipes = tuple(x for pl, _ in flows for x in pl.pipes)
                 if not any(x in moving for x in tp_pipes + send_pipes + inline_pipes):
                     continue

@@ -48,6 +48,18 @@ class Inline(NamedTuple):
 LayerInline = tuple[Placed, float, float, bool]
 
 
+def flows(inline: tuple[Inline, ...], forward: bool) -> list[tuple[Placed, float]]:
+    """The (collective, count) pairs of one pass that move bytes, in order."""
+    pairs = [(x.placed, x.fwd if forward else x.bwd) for x in inline]
+    return [(pl, n) for pl, n in pairs if n and pl.pipes]
+
+
+def shown_share(beside_s: float, comm_s: float) -> float:
+    """The share of ``comm_s`` seconds of communication that ``beside_s`` seconds of compute
+    running beside it do not hide (0 when the compute outlasts it)."""
+    return max(0.0, 1.0 - beside_s / comm_s) if comm_s > 0 else 0.0
+
+
 def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwork,
               lc: LayerCost) -> dict[int, list[LayerInline]]:
     """Per stage, one layer's inline collectives (empty without EP and CP)."""
@@ -61,10 +73,8 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
         f, b = expert_parallel.alltoalls_per_layer("none")
         for s in range(plan.pp):
             placed = net.place(cost, s)
-            shown = 1.0
-            if plan.ep_overlap and placed.alone_s:  # beside another micro-batch's layer
-                shown = max(0.0, 1.0 - (lc.forward.time_s + lc.backward.time_s)
-                            / ((f + b) * placed.alone_s))
+            shown = shown_share(lc.forward.time_s + lc.backward.time_s,  # another
+                                (f + b) * placed.alone_s) if plan.ep_overlap else 1.0  # layer
             out.setdefault(s, []).append((placed, f * shown, b * shown, True))
     if plan.cp > 1:
         for s, entries in _context_parallel(model, plan, cluster, net, lc).items():
@@ -101,7 +111,8 @@ def with_inline(ch: ChunkCost, inline: tuple[Inline, ...], recompute: str) -> Ch
 def _context_parallel(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwork,
                       lc: LayerCost) -> dict[int, list[LayerInline]]:
     """Per stage, one layer's context-parallel collectives: the ring's sends, each step's
-    share that the block's attention does not hide (``context_parallel.exposed_steps``); or
+    share that the block's attention does not hide (``shown_share``: Transformer Engine
+    overlaps the next block's send with this block's kernel); or
     the blocking all-gathers or all-to-alls.  The ring's pair is two neighbours of the cp
     group, across a node boundary where the group leaves a node (there every GPU of the
     stage sends at once)."""
@@ -114,8 +125,8 @@ def _context_parallel(model: Transformer, plan: Plan, cluster: Cluster, net: Fol
                  for n in (kv, 2 * kv)]  # forward: K, V; backward: K, V and dK, dV
         for s in range(plan.pp):
             fwd, bwd = (net.place(c, s) for c in costs)
-            f = context_parallel.exposed_steps(cp - 1, lc.attention_fwd_s / cp, fwd.alone_s)
-            b = context_parallel.exposed_steps(cp - 1, lc.attention_bwd_s / cp, bwd.alone_s)
+            f = (cp - 1) * shown_share(lc.attention_fwd_s / cp, fwd.alone_s)
+            b = (cp - 1) * shown_share(lc.attention_bwd_s / cp, bwd.alone_s)
             out[s] = [(fwd, f, 0.0, False), (bwd, 0.0, b, False)]
         return out
     group = strided_group(cluster, cp, tp)
