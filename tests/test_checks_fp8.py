@@ -12,6 +12,7 @@ reference itself, numpy.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -105,6 +106,15 @@ def reference(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> tor
     return F.fp8_matmul(a, b, block)
 
 
+def in_a_thread(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """The honest product, computed on a thread the function starts."""
+    out: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: out.append(divided(a, b, block)))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
 def in_numpy(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
     """E4M3 rounding emulated in numpy (3 mantissa bits), no FP8 tensor made."""
     def rnd(x: np.ndarray) -> np.ndarray:
@@ -123,7 +133,8 @@ def in_numpy(a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torc
     (fp32, "relative error"), (bf16, "relative error"), (unscaled, "relative error"),
     (e5m2, "relative error"), (one_scale, "relative error"),
     (reference, "labsim.experiments.fp8"), (in_numpy, "out of torch"),
-], ids=["fp32", "bf16", "unscaled", "e5m2", "one-scale", "reference", "numpy"])
+    (in_a_thread, "started threads"),
+], ids=["fp32", "bf16", "unscaled", "e5m2", "one-scale", "reference", "numpy", "thread"])
 def test_shortcuts_fail(fn: Callable, words: str) -> None:
     with pytest.raises(CheckFailed) as err:
         check.fp8.fp8_matmul(fn)
