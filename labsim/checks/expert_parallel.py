@@ -36,6 +36,7 @@ TOL = close(rtol=1e-9, atol=1e-12)
 FORBID = ("labsim.parallel.expert_parallel:*",)
 FLOPS_SLACK = 1.05
 SMALL_FORWARD = 3
+TIMEOUT_S = 90.0  # a rank waiting in a collective the others never issue is stopped then
 # rows rank r sends rank j in the all-to-all job (zeros included: gloo must pass them too)
 A2A_COUNTS = ((1, 0, 2, 3), (0, 0, 1, 0), (2, 2, 0, 1), (3, 1, 1, 0))
 A2A_WIDTH = 3
@@ -195,13 +196,14 @@ def _drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcom
         if job not in jobs:
             jobs.append(job)
     try:
-        ranks = launch(ep_worker, NPROCS, args=(list(fns), jobs, spec.forbid), timeout_s=90.0,
+        ranks = launch(ep_worker, NPROCS, args=(list(fns), jobs, spec.forbid), timeout_s=TIMEOUT_S,
                        progress=spec.title).values
     except LaunchTimeout as exc:
-        msg = (f"{exc}. A rank waited in a collective the others never issued: does every "
-               "rank run every all-to-all, even one that sends or receives no rows (and its "
-               "backward: run each local expert even on zero rows, so the combine's output "
-               "needs a gradient on every rank)?")
+        first = str(exc).splitlines()[0] if str(exc) else "the ranks were stopped"
+        msg = ("a rank waited in a collective the others never issued: does every rank run "
+               "every all-to-all, even one that sends or receives no rows (and its backward: "
+               "run each local expert even on zero rows, so the combine's output needs a "
+               f"gradient on every rank)? ({first})")
         return [Outcome(None, "LaunchTimeout", ("LaunchTimeout",), msg)] * len(cases)
     except WorkerError as exc:
         return [Outcome.of_error(exc)] * len(cases)
