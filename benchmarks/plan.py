@@ -5,7 +5,7 @@
     python benchmarks/plan.py --repeat 3       # best of N
     python benchmarks/plan.py --published      # the planner against published layouts
 
-The goal (lab 14's planner): 10,000 plans in <= 10 s on 2 cores.  "Plans" counts every
+The goal (lab 15's planner): 10,000 plans in <= 10 s on 2 cores.  "Plans" counts every
 candidate looked at: those refused as invalid (cheap), those estimated and dropped for memory,
 and those estimated and ranked; the printout gives each, so plans/s can be read either way.
 No simulation confirms anything here (``confirm=0``): that is a fixed cost of ~``confirm``

@@ -1,4 +1,4 @@
-"""Lab 14's 2-D mesh check: the solution and honest variants pass on real processes; every
+"""Lab 15's 2-D mesh check: the solution and honest variants pass on real processes; every
 cheap way to get the right numbers without the layout fails on what the parameters are --
 plain DDP, FSDP alone, tensor parallelism alone, no sharding, a mesh of the wrong shape or
 order, a replica training on the whole batch -- a wrong gradient fails on the values, the
@@ -20,7 +20,7 @@ from labsim.parallel.mesh import MeshGPT, full_parameters, global_batch
 
 from .solution_cells import exercises
 
-S = exercises("14_planning")
+S = exercises("15_planning")
 TWO_BY_TWO = check.make_check(((2, 2),), title="mesh_2x2")
 WITH_TP_ONLY = check.make_check(((2, 2), (1, 4)), title="mesh_shapes")
 

@@ -1,4 +1,4 @@
-"""Planning checks (lab 14) pass a correct solution and fail the cheapest wrong ones and the
+"""Planning checks (lab 15) pass a correct solution and fail the cheapest wrong ones and the
 stub."""
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ CLAIMS_BY_LAB = {
     "11": "000-7 001-11",
     "12": "001-14",
     "13": "",  # mixture of experts: beyond the source articles, every statement cited
-    "14": "000-12 000-13 001-15 001-16 001-20 001-21 002-3 002-6 002-7 002-9 002-10",
+    "14": "",  # long context: beyond the source articles, every statement cited
+    "15": "000-12 000-13 001-15 001-16 001-20 001-21 002-3 002-6 002-7 002-9 002-10",
 }
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 

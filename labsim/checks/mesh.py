@@ -1,4 +1,4 @@
-"""Check of lab 14's 2-D mesh: a learner's ``parallelize(model, dp, tp)`` (FSDP2 over "dp",
+"""Check of lab 15's 2-D mesh: a learner's ``parallelize(model, dp, tp)`` (FSDP2 over "dp",
 tensor parallelism over "tp", on one ``(dp, tp)`` device mesh; returns the mesh) and
 ``train_step(model, mesh, optimizer, tokens, targets)`` (one step on the replica's rows),
 run on 4 real gloo processes against one process training the whole model on the whole

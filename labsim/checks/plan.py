@@ -1,4 +1,4 @@
-"""Checks for the planning lab (lab 14): how long a run takes, what slows a step, and when
+"""Checks for the planning lab (lab 15): how long a run takes, what slows a step, and when
 owning GPUs beats renting them.
 
 ``training_days`` is compared with labsim's cost model (``labsim.cost``: 6 N D at an MFU);

@@ -1,6 +1,6 @@
 """Grading a large class on a Dask cluster: ``labsim grade --dask ADDRESS``.
 
-A class of 300 learners and 15 labs is some 4,200 notebook runs of about a minute each: more
+A class of 300 learners and 16 labs is some 4,200 notebook runs of about a minute each: more
 than one machine should do.  ``DaskEngine`` hands the submissions to the workers of a Dask
 ``distributed`` cluster (a scheduler's address, or ``local:N`` for N worker processes on this
 machine).  Every worker sets the lab up once (``LabGrader``, a worker plugin: the released
