@@ -26,10 +26,11 @@ def ep_layer_bars(rows: Sequence[object], title: str = "") -> Figure:
         ax.text(compute[i] + comm[i], i, f" {r.alltoall_fraction:.0%}", va="center",
                 fontsize=8)
     ax.invert_yaxis()
+    ax.set_xlim(0, 1.12 * max(c + m for c, m in zip(compute, comm)))
     ax.set_xlabel("ms per MoE layer and micro-batch (forward + backward)")
     ax.tick_params(axis="y", labelsize=8)
     ax.set_title(title or "one MoE layer: compute vs expert-parallel all-to-alls", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
 
@@ -40,9 +41,11 @@ def traffic_matrix(sent: Sequence[Sequence[int]], title: str = "") -> Figure:
     fig = new_figure((3.8, 3.2))
     ax = fig.subplots()
     image = ax.imshow([list(r) for r in sent], cmap="Blues")
+    top = max(max(r) for r in sent)
     for i in range(n):
         for j in range(n):
-            ax.text(j, i, str(sent[i][j]), ha="center", va="center", fontsize=8)
+            ax.text(j, i, str(sent[i][j]), ha="center", va="center", fontsize=8,
+                    color="white" if sent[i][j] > 0.6 * top else "black")
     ax.set_xticks(range(n))
     ax.set_yticks(range(n))
     ax.set_xlabel("to rank (holds those experts)")
