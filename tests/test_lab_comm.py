@@ -54,3 +54,17 @@ def test_kinds_and_counts_without_a_process_group() -> None:
     with CommRecorder() as rec:
         torch.ones(3, 5) @ torch.ones(5, 2)
     assert rec.comms == [] and rec.flops == 2 * 3 * 5 * 2
+
+
+def test_importing_the_recorder_leaves_triton_unimported() -> None:
+    """Triton's interpreter is chosen at its first import (lab 05 sets TRITON_INTERPRET before
+    it), so the checks that import the recorder must not import Triton on the way."""
+    import subprocess
+    import sys
+
+    code = ("import sys, labsim.lab.comm, labsim.checks.moe, labsim.checks.expert_parallel, "
+            "labsim.checks.tensor_parallel, labsim.checks.context_parallel; "
+            "print('triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"

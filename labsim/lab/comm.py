@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["CommOp", "CommRecorder", "comm_kind", "count_by_kind"]
 
@@ -108,6 +107,11 @@ class CommRecorder(TorchDispatchMode):
     """
 
     def __init__(self, phase: str = "forward") -> None:
+        # imported here, not with this module: torch.utils.flop_counter imports Triton, whose
+        # interpreter must be chosen (TRITON_INTERPRET) before its first import, and a lab or
+        # test that imports labsim.lab.comm early must not choose it
+        from torch.utils.flop_counter import FlopCounterMode
+
         super().__init__()
         self.phase = phase
         self.comms: list[CommOp] = []
