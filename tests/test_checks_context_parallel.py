@@ -187,3 +187,45 @@ def test_gathered_heads_are_not_ulysses() -> None:
 @pytest.mark.multiprocess
 def test_labsims_ring_fails() -> None:
     _fails(c.ring, ref.ring_attention, "labsim.parallel.context_parallel")
+
+
+def _on_a_thread(fn):  # type: ignore[no-untyped-def]
+    import threading
+
+    def run(*args):  # type: ignore[no-untyped-def]
+        box = {}
+        t = threading.Thread(target=lambda: box.update(out=fn(*args)))
+        t.start()
+        t.join()
+        return box["out"]
+    return run
+
+
+def test_a_block_computed_on_another_thread_fails() -> None:
+    _fails(c.partial, _on_a_thread(S["partial_attention"]), "thread")
+
+
+@pytest.mark.multiprocess
+def test_ring_blocks_computed_on_another_thread_fail() -> None:
+    threaded = _on_a_thread(partial)
+
+    def ring(q, k, v, causal):  # type: ignore[no-untyped-def]
+        world, rank, n = dist.get_world_size(), dist.get_rank(), q.shape[-2]
+        qp = _positions(rank, n, world, causal)
+        kv = torch.stack([k, v]).contiguous()
+        out = None
+        for step in range(world):
+            src = (rank - step) % world
+            if step < world - 1:
+                nxt = torch.empty_like(kv)
+                reqs = dist.batch_isend_irecv([
+                    dist.P2POp(dist.isend, kv, (rank + 1) % world),
+                    dist.P2POp(dist.irecv, nxt, (rank - 1) % world)])
+            part = threaded(q, kv[0], kv[1], qp, _positions(src, n, world, causal), causal)
+            out = part if out is None else merge(*out, *part)
+            if step < world - 1:
+                for r in reqs:
+                    r.wait()
+                kv = nxt
+        return out[0]
+    _fails(c.ring, ring, "thread")
