@@ -89,7 +89,9 @@ def test_readme_main_command_serves_the_labs_from_a_fresh_clone(tmp_path: Path) 
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             assert "--allow-root" in output
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
-        proc.wait(timeout=60)
+        # the server stops its kernels and terminals first: over 60 s once with both cores
+        # loaded by the rest of the suite
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
