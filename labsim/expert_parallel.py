@@ -21,6 +21,15 @@ README's tuning table).
 balanced).  A dropless MoE waits for that rank at every all-to-all, so its expert GEMMs and the
 bytes it receives set the layer's time; an under-trained router runs far above 1 (the README:
 "a severe load imbalance issue when the router is under-trained ... first 100~300 steps").
+
+``capacity_factor``: each expert takes at most ``ceil(cf x T k / E)`` of the routed copies of a
+rank's ``T`` tokens (Megatron-Core ``moe_utils.get_capacity``, ``--moe-expert-capacity-factor``;
+Fedus et al. 2022 section 2.2) and drops the rest (``--moe-token-drop-policy``: the lowest
+router weights, or the latest positions), so a rank whose ``E / ep`` experts each receive
+at most that from each of the ``ep`` ranks receives at most ``cf`` times the mean: the busiest
+rank's load is at most ``min(imbalance, cf)`` (``expert_load``).  With
+``--moe-pad-expert-input-to-capacity`` every expert's input is padded up to its capacity, so
+every rank computes and receives exactly ``cf`` times the mean, balanced or not.
 """
 
 from __future__ import annotations
@@ -46,6 +55,34 @@ def check_imbalance(imbalance: object) -> float:
         raise ValueError(f"expert_imbalance={imbalance!r}: the busiest rank's routed tokens "
                          "over the mean, a number >= 1 (1: balanced)")
     return float(imbalance)
+
+
+def check_capacity(capacity_factor: object, pad_to_capacity: object) -> float | None:
+    """``capacity_factor`` as a float > 0 or None (dropless), or a ``ValueError`` naming the
+    fix; ``pad_to_capacity`` needs one."""
+    if not isinstance(pad_to_capacity, bool):
+        raise ValueError(f"pad_to_capacity={pad_to_capacity!r}: must be True or False")
+    if capacity_factor is None:
+        if pad_to_capacity:
+            raise ValueError("pad_to_capacity=True pads every expert's input to its capacity: "
+                             "give capacity_factor (e.g. 1.25) or leave pad_to_capacity False")
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, numbers.Real) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor={capacity_factor!r}: each expert's capacity over "
+                         "its balanced share of the routed tokens, a number > 0 (e.g. 1.0 or "
+                         "1.25), or None for a dropless MoE")
+    return float(capacity_factor)
+
+
+def expert_load(imbalance: float, capacity_factor: float | None = None,
+                pad_to_capacity: bool = False) -> float:
+    """The busiest expert-parallel rank's routed rows over the balanced mean once capacity
+    has dropped or padded them (module doc): ``imbalance`` dropless, at most
+    ``capacity_factor`` with dropping, exactly ``capacity_factor`` padded."""
+    if capacity_factor is None:
+        return imbalance
+    return capacity_factor if pad_to_capacity else min(imbalance, capacity_factor)
 
 
 def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool = False

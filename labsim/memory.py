@@ -458,7 +458,7 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
             act, micro_batch=plan.micro_batch, tp=plan.tp,
             sequence_parallel=plan.sequence_parallel, recompute=recompute,
             dtype_bytes=prec.activation_bytes, attention=plan.attention,
-            swiglu_fused=swiglu_fused, moe=moe, expert_imbalance=plan.expert_imbalance)
+            swiglu_fused=swiglu_fused, moe=moe, expert_imbalance=plan.expert_load)
             for moe in ((True, False) if model.experts else (None,)))
 
     per_layer = layer_bytes(plan.recompute)

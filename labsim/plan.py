@@ -20,7 +20,7 @@ import numbers
 from dataclasses import dataclass
 
 from labsim.context_parallel import CP_COMM, check_cp
-from labsim.expert_parallel import check_ep, check_imbalance
+from labsim.expert_parallel import check_capacity, check_ep, check_imbalance, expert_load
 from labsim.fp8 import check_recipe
 from labsim.pipeline import group_problems
 from labsim.precision import Precision, training_precision
@@ -109,6 +109,12 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    capacity_factor, pad_to_capacity: None (default) is a dropless MoE; a number caps each
+        expert at that many times its balanced share of the routed tokens and drops the rest
+        (Megatron-Core's ``--moe-expert-capacity-factor``), so the busiest rank does at most
+        that many times the mean; ``pad_to_capacity`` pads every expert to its capacity
+        (``--moe-pad-expert-input-to-capacity``): exactly that many times the mean
+        (``Plan.expert_load``).
     ep_overlap: the all-to-alls run beside another micro-batch's compute (Megatron-Core 0.14's
         ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe): only what outlasts a
         layer's forward and backward shows.  Needs ep > 1.
@@ -145,6 +151,8 @@ class Plan:
     cp: int = 1
     cp_comm: str = "p2p"
     ep_overlap: bool = False
+    capacity_factor: float | None = None
+    pad_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
@@ -154,6 +162,8 @@ class Plan:
                              "group is made of data-parallel ranks (Megatron-Core); choose ep "
                              "dividing dp")
         object.__setattr__(self, "expert_imbalance", check_imbalance(self.expert_imbalance))
+        object.__setattr__(self, "capacity_factor",
+                           check_capacity(self.capacity_factor, self.pad_to_capacity))
         _choice("cp_comm", self.cp_comm, CP_COMM)
         if not isinstance(self.ep_overlap, bool):
             raise ValueError(f"ep_overlap={self.ep_overlap!r}: must be True or False")
@@ -323,6 +333,12 @@ class Plan:
         return training_precision(self.precision)
 
     @property
+    def expert_load(self) -> float:
+        """The busiest expert-parallel rank's routed rows over the balanced mean, after the
+        capacity factor drops or pads them (``labsim.expert_parallel.expert_load``)."""
+        return expert_load(self.expert_imbalance, self.capacity_factor, self.pad_to_capacity)
+
+    @property
     def bytes_per_element(self) -> int:
         """Bytes of one activation element in compute precision."""
         return self.numerics.activation_bytes
@@ -339,6 +355,9 @@ class Plan:
                              "model gathers ZeRO-3 units of dense layers only; use zero_stage "
                              "<= 2")
         check_cp(model, self.cp, self.cp_comm, self.tp, self.attention)  # type: ignore[arg-type]
+        if self.capacity_factor is not None and not getattr(model, "experts", 0):
+            raise ValueError(f"capacity_factor={self.capacity_factor:g} caps the tokens of each "
+                             f"expert; {name} is dense: leave capacity_factor None")
         if getattr(model, "experts", 0) or self.ep > 1:
             check_ep(model, self.ep, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
         heads = int(model.heads)

@@ -155,3 +155,42 @@ def test_overlapped_all_to_alls_show_only_what_outlasts_a_layer() -> None:
                                  recompute=("none",), ep_overlap=True))
     assert {(s["ep"] > 1, s.get("ep_overlap", False)) for s in specs} == {
         (True, True), (False, False)}  # a search asked to overlap leaves ep = 1 plans alone
+
+
+@pytest.mark.parametrize("kw, model, fix", [
+    (dict(dp=8, ep=2, capacity_factor=0), MIXTRAL, "a number > 0"),
+    (dict(dp=8, ep=2, capacity_factor=float("inf")), MIXTRAL, "None for a dropless MoE"),
+    (dict(dp=8, ep=2, capacity_factor="1.25"), MIXTRAL, "a number > 0"),
+    (dict(dp=8, ep=2, pad_to_capacity=True), MIXTRAL, "give capacity_factor"),
+    (dict(dp=8, ep=2, capacity_factor=1.0, pad_to_capacity=1), MIXTRAL, "True or False"),
+    (dict(dp=8, capacity_factor=1.25), Transformer.preset("gpt3-175b"),
+     "leave capacity_factor None"),
+])
+def test_a_capacity_the_experts_cannot_take_is_refused_with_the_fix(kw, model, fix) -> None:
+    with pytest.raises(ValueError, match="capacity") as err:
+        Plan(**kw).validate_for(model)
+    assert fix in str(err.value)
+
+
+def test_a_capacity_factor_caps_the_busiest_rank_and_padding_fills_every_one() -> None:
+    assert _plan(ep=8, expert_imbalance=1.6).expert_load == 1.6  # dropless
+    assert _plan(ep=8, expert_imbalance=1.6, capacity_factor=1.25).expert_load == 1.25
+    assert _plan(ep=8, expert_imbalance=1.1, capacity_factor=1.25).expert_load == 1.1
+    assert _plan(ep=8, capacity_factor=1.25, pad_to_capacity=True).expert_load == 1.25
+    cluster = labsim.dgx_h100(8)
+
+    def priced(**kw: object) -> tuple[float, float, float]:
+        plan = _plan(ep=8, **kw)
+        c = step_costs(MIXTRAL, cluster, plan)
+        r = labsim.estimate_step(MIXTRAL, cluster, plan)
+        return c.chunks[0].inline[0].placed.nbytes, r.step_time_s, r.memory.activations
+
+    skewed, capped, at_cap = (priced(expert_imbalance=2.0),
+                              priced(expert_imbalance=2.0, capacity_factor=1.25),
+                              priced(expert_imbalance=1.25))
+    assert capped == at_cap and skewed[1] > capped[1] and skewed[0] > capped[0]
+    assert skewed[2] > capped[2]  # fewer routed rows kept for backward
+    balanced = priced()
+    padded = priced(capacity_factor=1.25, pad_to_capacity=True)
+    assert padded == at_cap and padded[1] > balanced[1]  # padding costs a balanced router
+    assert priced(capacity_factor=1.25) == balanced  # dropping costs it nothing

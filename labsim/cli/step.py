@@ -147,6 +147,9 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         + (f", cp={p.cp} ({p.cp_comm})" if p.cp > 1 else "")
         + (f", ep={p.ep}" + (f" (busiest rank x{p.expert_imbalance:g})"
                              if p.expert_imbalance != 1 else "") if p.ep > 1 else "")
+        + ("" if p.capacity_factor is None else
+           f", capacity factor {p.capacity_factor:g} ("
+           f"{'padded' if p.pad_to_capacity else 'dropping'}: busiest rank x{p.expert_load:g})")
         + ("".join(f", {what} counted as a layer" for what, counted in (
             ("embedding", p.account_for_embedding_in_pipeline_split),
             ("loss", p.account_for_loss_in_pipeline_split)) if counted)),

@@ -346,7 +346,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             recompute=plan.recompute, attention=plan.attention, precision=plan.numerics,
             sustained=su, flash_kernel=soft.flash_kernel,
             recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe,
-            ep=plan.ep, expert_imbalance=plan.expert_imbalance, cp=plan.cp,
+            ep=plan.ep, expert_imbalance=plan.expert_load, cp=plan.cp,
             cp_comm=plan.cp_comm)
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk

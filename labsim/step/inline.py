@@ -68,7 +68,7 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
         tokens = plan.micro_batch * model.seq_len / plan.cp / (
             plan.tp if plan.sequence_parallel else 1)
         nbytes = round(expert_parallel.dispatch_bytes(
-            model, tokens, plan.ep, plan.bytes_per_element, plan.expert_imbalance))
+            model, tokens, plan.ep, plan.bytes_per_element, plan.expert_load))
         cost = plan_collective("alltoall", nbytes, strided_group(cluster, plan.ep, plan.tp))
         f, b = expert_parallel.alltoalls_per_layer("none")
         for s in range(plan.pp):
