@@ -30,34 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from labsim.gemm import Gemm
+
 POSITIONS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """One (batched) matrix multiplication ``(m x k) @ (k x n)``, repeated ``batch`` times.
-
-    ``flops`` is ``2 * batch * m * n * k``; ``nbytes(dtype_bytes)`` the minimum traffic of
-    reading both operands and writing the result once (the roofline's byte count).
-    """
-
-    name: str
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.batch * self.m * self.n * self.k
-
-    def nbytes(self, dtype_bytes: float = 2) -> float:
-        return self.batch * (self.m * self.k + self.k * self.n + self.m * self.n) * dtype_bytes
-
-    def intensity(self, dtype_bytes: float = 2) -> float:
-        """Arithmetic intensity in FLOP per byte of memory traffic."""
-        return self.flops / self.nbytes(dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -496,5 +472,25 @@ _MOE_PRESETS = (
     # context 4096): 16.4B, 2.8B active.
     replace(_llama("deepseek-moe-16b", 28, 2048, 16, 10944, 4096), vocab=102400, experts=64,
             top_k=6, expert_ffn_hidden=1408, shared_experts=2, dense_layers=1),
+    # Qwen1.5-MoE-A2.7B (Qwen team, March 2024; HF config Qwen/Qwen1.5-MoE-A2.7B, qwen2_moe:
+    # hidden 2048, 24 layers, 16 heads, 60 experts of 1408, 4 per token, one shared expert of
+    # 5632, vocab 151936, untied): "14.3B parameters in total and 2.7B activated".  Not counted:
+    # the q/k/v biases and the shared expert's one-output gate (3h + h a layer, 0.001 %).
+    replace(_llama("qwen1.5-moe-a2.7b", 24, 2048, 16, 5632, 8192), vocab=151936, experts=60,
+            top_k=4, expert_ffn_hidden=1408, shared_experts=1, shared_ffn_hidden=5632),
+    # Qwen2-57B-A14B (Yang et al. 2024, arXiv:2407.10671: 57B, 14B activated; HF config
+    # Qwen/Qwen2-57B-A14B: hidden 3584, 28 layers, 28 heads, 4 kv heads, 64 experts of 2560, 8
+    # per token, a shared expert of 20480, vocab 151936; context 32768 as the paper's last
+    # pre-training stage): the same biases and gate left out.
+    replace(_llama("qwen2-57b-a14b", 28, 3584, 28, 18944, 32768, kv_heads=4), vocab=151936,
+            experts=64, top_k=8, expert_ffn_hidden=2560, shared_experts=1,
+            shared_ffn_hidden=20480),
+    # Llama 4 Scout (Meta, April 2025; HF config meta-llama/Llama-4-Scout-17B-16E text_config:
+    # hidden 5120, 48 layers all MoE, 40 heads, 8 kv heads, 16 experts of 8192, 1 per token,
+    # vocab 202048; transformers' Llama4TextMoe adds one shared expert of 8192): "17B active,
+    # 109B total" with the vision encoder; the text model is 107.8B.  Its chunked attention
+    # (8192-token chunks on three layers of four) equals full attention up to 8192 tokens.
+    replace(_llama("llama4-scout-17b-16e", 48, 5120, 40, 8192, 8192, kv_heads=8),
+            vocab=202048, experts=16, top_k=1, shared_experts=1),
 )
 PRESETS = MappingProxyType({m.name: m for m in _PRESETS + _MOE_PRESETS})

@@ -191,7 +191,31 @@ def test_deepseek_moe_has_shared_experts_and_a_dense_first_layer() -> None:
         (64 + 2) * expert + 2048 * 64)
 
 
-@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama2-7b"])
+@pytest.mark.parametrize("name, total, active, rel", [
+    ("qwen1.5-moe-a2.7b", 14.3, 2.7, 0.005),  # "14.3B ... in total and 2.7B activated"
+    ("qwen2-57b-a14b", 57, 14, 0.02),  # "57B ... 14B activated" (A14B)
+    ("llama4-scout-17b-16e", 107.8, 17, 0.015),  # "17B active"; 109B with the vision encoder
+])
+def test_newer_moe_presets_reproduce_their_published_sizes(name: str, total: float,
+                                                           active: float, rel: float) -> None:
+    m = Transformer.preset(name)
+    assert m.params / 1e9 == pytest.approx(total, rel=rel)
+    assert m.active_params / 1e9 == pytest.approx(active, rel=rel)
+    assert m.moe_layers == m.layers and m.shared_experts == 1
+
+
+def test_qwen_moe_counts_its_experts_exactly() -> None:
+    """Qwen1.5-MoE-A2.7B: 2.0B non-embedding activated parameters (its blog); per layer four
+    h x h projections, 60 experts and one shared expert of SwiGLU, a router."""
+    m = Transformer.preset("qwen1.5-moe-a2.7b")
+    per_layer = 4 * 2048**2 + (60 * 1408 + 5632) * 3 * 2048 + 2048 * 60 + 2 * 2048
+    assert m.moe_params_per_layer == per_layer
+    assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(
+        2.0, rel=0.04)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-moe-16b", "llama2-7b",
+                                  "llama4-scout-17b-16e"])
 def test_moe_flops_count_the_active_experts_and_the_router(name: str) -> None:
     """Forward FLOPs per token = 2 x every active matrix parameter (embedding and norms
     excluded, the router and the output layer included) + the s x s attention core."""
