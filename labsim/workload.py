@@ -121,7 +121,7 @@ class Transformer:
     @staticmethod
     def presets(dense: bool = False) -> tuple[str, ...]:
         """Names accepted by ``Transformer.preset``; ``dense``: only the models without
-        mixture-of-experts layers (the ones the step model prices)."""
+        mixture-of-experts layers (what the dense-only widgets offer)."""
         return tuple(n for n, m in PRESETS.items() if not (dense and m.experts))
 
     # ----------------------------------------------------------------- shapes
