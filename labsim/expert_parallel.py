@@ -85,6 +85,54 @@ def expert_load(imbalance: float, capacity_factor: float | None = None,
     return capacity_factor if pad_to_capacity else min(imbalance, capacity_factor)
 
 
+def offnode_copies(experts: int, k: int, nodes: int, limit: int | None = None,
+                   dedup: bool = True) -> float:
+    """Expected copies of one token sent to other nodes when its ``k`` experts are drawn
+    uniformly among ``experts`` spread evenly over ``nodes`` nodes (the token lives on one of
+    them).  ``dedup=False``: one copy per routed expert off the node (a plain all-to-all);
+    ``dedup=True``: one copy per other node reached, forwarded inside the node over NVLink
+    (DeepSeek-V3, arXiv:2412.19437, section 3.2.2); ``limit``: at most that many nodes per
+    token (node-limited routing, section 2.1.2): the nodes are then ``limit`` of them, each
+    equally likely by symmetry, and the ``k`` experts are drawn among theirs."""
+    if experts % nodes:
+        raise ValueError(f"{experts} experts do not spread evenly over {nodes} nodes")
+    if not 1 <= k <= experts:
+        raise ValueError(f"k={k} must be between 1 and the {experts} experts")
+    per = experts // nodes
+    reach = nodes if limit is None else min(limit, nodes)
+    pool = reach * per
+    if k > pool:
+        raise ValueError(f"k={k} experts cannot fit in {reach} nodes of {per} experts")
+    if not dedup:  # a routed expert is on the token's node with probability 1 / nodes,
+        return k * (1 - 1 / nodes)  # limited or not (own node chosen w.p. reach / nodes)
+    unused = math.comb(pool - per, k) / math.comb(pool, k)  # one given node gets no expert
+    return reach * (1 - unused) - reach / nodes * (1 - unused)  # nodes reached, own excluded
+
+
+def node_limited_loads(model: Transformer, nodes: int, ranks_per_node: float,
+                       limit: int) -> tuple[float, float]:
+    """How node-limited, deduplicated dispatch (DeepSeek-V3, arXiv:2412.19437, sections 2.1.2
+    and 3.2.2; DeepEP's internode kernels) changes an all-to-all over ``nodes`` nodes of
+    ``ranks_per_node`` expert-parallel ranks each: (the InfiniBand bytes over a plain
+    all-to-all's, the NVLink wire bytes per payload byte).
+
+    A plain all-to-all sends each routed copy off the node on its own (``top_k (1 - 1 /
+    nodes)`` copies a token) straight to its GPU; here a token crosses to each node it needs
+    once, at most ``limit`` of them (``offnode_copies``), to the GPU of its own local index,
+    which forwards each copy over NVLink to the GPU holding its expert (``(ppn - 1) / ppn`` of
+    them need that hop), besides the copies for the token's own node, as before."""
+    k, ppn, n = model.top_k, ranks_per_node, nodes * ranks_per_node
+    reach, per = min(limit, nodes), model.experts // nodes
+    if k > reach * per:
+        raise ValueError(f"ep_node_limit={limit}: {model.name}'s {k} experts a token cannot "
+                         f"lie on {reach} nodes of {per} experts each; raise ep_node_limit "
+                         f"to at least {math.ceil(k / per)}")
+    plain = k * (1 - 1 / nodes)
+    nic = offnode_copies(model.experts, k, nodes, limit) / plain
+    intra = (ppn - 1) / n + (n - ppn) / n * (ppn - 1) / ppn
+    return nic, intra
+
+
 def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool = False
              ) -> None:
     """Raise ``ValueError`` naming the fix unless ``ep`` expert-parallel ranks can hold

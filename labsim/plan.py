@@ -109,6 +109,11 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    ep_node_limit: DeepSeek-V3's node-limited routing with deduplicated dispatch (DeepEP):
+        each token's experts lie on at most this many nodes, and it crosses InfiniBand once
+        per node it needs, forwarded over NVLink inside the node
+        (``labsim.expert_parallel.node_limited_loads``); None: NCCL's all-to-all, one copy per
+        routed expert.  Needs ep > 1.
     capacity_factor, pad_to_capacity: None (default) is a dropless MoE; a number caps each
         expert at that many times its balanced share of the routed tokens and drops the rest
         (Megatron-Core's ``--moe-expert-capacity-factor``), so the busiest rank does at most
@@ -153,6 +158,7 @@ class Plan:
     ep_overlap: bool = False
     capacity_factor: float | None = None
     pad_to_capacity: bool = False
+    ep_node_limit: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
@@ -167,6 +173,13 @@ class Plan:
         _choice("cp_comm", self.cp_comm, CP_COMM)
         if not isinstance(self.ep_overlap, bool):
             raise ValueError(f"ep_overlap={self.ep_overlap!r}: must be True or False")
+        if self.ep_node_limit is not None:
+            object.__setattr__(self, "ep_node_limit", _whole("ep_node_limit",
+                                                             self.ep_node_limit))
+            if self.ep == 1:
+                raise ValueError(f"ep_node_limit={self.ep_node_limit} limits the nodes an "
+                                 "expert-parallel dispatch reaches: set ep > 1 or leave "
+                                 "ep_node_limit None")
         if self.ep_overlap and self.ep == 1:
             raise ValueError("ep_overlap=True overlaps expert parallelism's all-to-alls: set "
                              "ep > 1 or leave ep_overlap False")

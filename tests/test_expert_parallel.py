@@ -194,3 +194,40 @@ def test_a_capacity_factor_caps_the_busiest_rank_and_padding_fills_every_one() -
     padded = priced(capacity_factor=1.25, pad_to_capacity=True)
     assert padded == at_cap and padded[1] > balanced[1]  # padding costs a balanced router
     assert priced(capacity_factor=1.25) == balanced  # dropping costs it nothing
+
+
+def test_node_limited_dispatch_is_refused_where_it_cannot_route() -> None:
+    with pytest.raises(ValueError, match="set ep > 1"):
+        Plan(dp=8, ep_node_limit=4)
+    with pytest.raises(ValueError, match="ep_node_limit=0: must be a whole number"):
+        Plan(dp=8, ep=8, ep_node_limit=0)
+    plan = Plan(dp=64, tp=2, sequence_parallel=True, global_batch=512, ep=64, ep_node_limit=1)
+    with pytest.raises(ValueError, match="raise ep_node_limit to at least 2"):
+        step_costs(DEEPSEEK, labsim.dgx_h100(16), plan)  # 4 experts a node, 6 a token
+
+
+def test_node_limited_dispatch_crosses_infiniband_once_per_node_it_needs() -> None:
+    from labsim.expert_parallel import offnode_copies
+    cluster = labsim.dgx_h100(8)
+
+    def dispatch(ep: int, limit: int | None) -> tuple[object, float]:
+        plan = Plan(dp=64, global_batch=512, zero_stage=1, software="megatron-core-te", ep=ep,
+                    ep_node_limit=limit)
+        placed = step_costs(DEEPSEEK, cluster, plan).chunks[0].inline[0].placed
+        sim = labsim.simulate_step(DEEPSEEK, cluster, plan).step_time_s
+        assert labsim.estimate_step(DEEPSEEK, cluster, plan).step_time_s == pytest.approx(
+            sim, rel=0.03)
+        return placed, sim
+
+    inside, _ = dispatch(8, None)
+    assert dispatch(8, 1)[0] == inside  # one node: nothing to limit
+    plain, t_plain = dispatch(64, None)
+    times = [t_plain]
+    for limit in (8, 4, 2):
+        placed, t = dispatch(64, limit)
+        # 64 experts on 8 nodes, 6 a token: InfiniBand copies as DeepSeek-V3 counts them
+        assert placed.cost.nic_load / plain.cost.nic_load == pytest.approx(
+            offnode_copies(64, 6, 8, limit) / (6 * 7 / 8))
+        assert placed.cost.intra_load == pytest.approx(7 / 64 + 56 / 64 * 7 / 8)  # forwards
+        times.append(t)
+    assert times == sorted(times, reverse=True) and times[-1] < 0.8 * t_plain

@@ -146,7 +146,9 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         + (f", fp8={p.fp8}" if p.fp8 else "")
         + (f", cp={p.cp} ({p.cp_comm})" if p.cp > 1 else "")
         + (f", ep={p.ep}" + (f" (busiest rank x{p.expert_imbalance:g})"
-                             if p.expert_imbalance != 1 else "") if p.ep > 1 else "")
+                             if p.expert_imbalance != 1 else "")
+           + (f", at most {p.ep_node_limit} nodes a token" if p.ep_node_limit else "")
+           + (", all-to-alls overlapped" if p.ep_overlap else "") if p.ep > 1 else "")
         + ("" if p.capacity_factor is None else
            f", capacity factor {p.capacity_factor:g} ("
            f"{'padded' if p.pad_to_capacity else 'dropping'}: busiest rank x{p.expert_load:g})")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from labsim.cluster import Cluster
+from labsim.expert_parallel import offnode_copies
 from labsim.plan import Plan
 from labsim.workload import Transformer
 
@@ -174,30 +175,6 @@ def ep_layer_rows(model: Transformer, cluster: Cluster, plan: Plan, eps: Sequenc
         rows.append(EpLayer(ep, where, compute - a2a, a2a, step.step_time_s,
                             overlap.step_time_s, step.peak_memory_bytes))
     return rows
-
-
-def offnode_copies(experts: int, k: int, nodes: int, limit: int | None = None,
-                   dedup: bool = True) -> float:
-    """Expected copies of one token sent to other nodes when its ``k`` experts are drawn
-    uniformly among ``experts`` spread evenly over ``nodes`` nodes (the token lives on one of
-    them).  ``dedup=False``: one copy per routed expert off the node (a plain all-to-all);
-    ``dedup=True``: one copy per other node reached, forwarded inside the node over NVLink
-    (DeepSeek-V3, arXiv:2412.19437, section 3.2.2); ``limit``: at most that many nodes per
-    token (node-limited routing, section 2.1.2): the nodes are then ``limit`` of them, each
-    equally likely by symmetry, and the ``k`` experts are drawn among theirs."""
-    if experts % nodes:
-        raise ValueError(f"{experts} experts do not spread evenly over {nodes} nodes")
-    if not 1 <= k <= experts:
-        raise ValueError(f"k={k} must be between 1 and the {experts} experts")
-    per = experts // nodes
-    reach = nodes if limit is None else min(limit, nodes)
-    pool = reach * per
-    if k > pool:
-        raise ValueError(f"k={k} experts cannot fit in {reach} nodes of {per} experts")
-    if not dedup:  # a routed expert is on the token's node with probability 1 / nodes,
-        return k * (1 - 1 / nodes)  # limited or not (own node chosen w.p. reach / nodes)
-    unused = math.comb(pool - per, k) / math.comb(pool, k)  # one given node gets no expert
-    return reach * (1 - unused) - reach / nodes * (1 - unused)  # nodes reached, own excluded
 
 
 def node_limited_rows(experts: int = 256, k: int = 8, nodes: int = 8,

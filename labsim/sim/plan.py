@@ -208,7 +208,8 @@ def candidate_plans(model: Transformer, cluster: Cluster, global_batch: int, *,
                                        for c in context_parallel):
             raise ValueError(f"context_parallel={context_parallel!r}: give cp degrees >= 1, "
                              "e.g. (1, 2, 4)")
-    no_ep_overlap = {k: v for k, v in fixed.items() if k != "ep_overlap"}  # for ep = 1
+    no_ep_overlap = {k: v for k, v in fixed.items()  # for ep = 1
+                     if k not in ("ep_overlap", "ep_node_limit")}
     gpus = cluster.world_size
     for tp in _divisors(gpus):
         if tp_max is not None and tp > tp_max:

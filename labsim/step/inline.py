@@ -13,6 +13,7 @@ the gradient buckets and pipeline sends (``labsim.step.alone`` watches them for 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from labsim import context_parallel, expert_parallel
@@ -70,6 +71,12 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
         nbytes = round(expert_parallel.dispatch_bytes(
             model, tokens, plan.ep, plan.bytes_per_element, plan.expert_load))
         cost = plan_collective("alltoall", nbytes, strided_group(cluster, plan.ep, plan.tp))
+        if plan.ep_node_limit is not None and cost.group.nnodes > 1:
+            g = cost.group
+            nic, intra = expert_parallel.node_limited_loads(model, g.nnodes, g.nranks / g.nnodes,
+                                                            plan.ep_node_limit)
+            cost = replace(cost, nic_load=cost.nic_load * nic, intra_load=intra,
+                           cap_Bps=cost.cap_Bps / nic)
         f, b = expert_parallel.alltoalls_per_layer("none")
         for s in range(plan.pp):
             placed = net.place(cost, s)
