@@ -55,6 +55,24 @@ def check_cp(model: Transformer, cp: int, cp_comm: str, tp: int = 1,
                              "cp; choose cp dividing both, or cp_comm='p2p'")
 
 
+def zigzag_positions(rank: int, world: int, tokens: int) -> list[int]:
+    """Positions of the ``tokens`` a rank holds under the load-balanced split: chunks ``rank``
+    and ``2 world - 1 - rank`` of ``2 world`` equal chunks (module doc)."""
+    if tokens % 2:
+        raise ValueError(f"{tokens} tokens per rank do not split into two equal chunks: the "
+                         "load-balanced split needs the sequence to divide into 2 x ranks chunks")
+    c = tokens // 2
+    return [i * c + j for i in (rank, 2 * world - 1 - rank) for j in range(c)]
+
+
+def zigzag_chunk_pairs(world: int) -> int:
+    """(query chunk, key chunk) pairs on or below the diagonal a rank computes in causal
+    attention under the load-balanced split, each of ``(s / 2 world)^2`` scores: ``2 world +
+    1`` on every rank (its early chunk sees ``rank + 1`` chunks, its late one ``2 world -
+    rank``)."""
+    return 2 * world + 1
+
+
 def local_model(model: Transformer, cp: int) -> Transformer:
     """``model`` as one context-parallel rank sees it outside attention: ``s / cp`` tokens of
     every sequence."""

@@ -141,3 +141,17 @@ def test_the_planner_tries_cp_on_long_sequences_and_names_its_refusals() -> None
         list(candidate_plans(_long(4096), cluster, 16, cp_comm=("ring",)))
     assert layout_name(Plan(dp=8, tp=8, pp=16, cp=16, cp_comm="all_gather")) == \
         "8x8x16 cp16 all_gather"
+
+
+def test_the_load_balanced_split_gives_every_rank_equal_causal_work() -> None:
+    from labsim.context_parallel import zigzag_chunk_pairs, zigzag_positions
+    world, tokens = 4, 6
+    held = [zigzag_positions(r, world, tokens) for r in range(world)]
+    assert sorted(p for pos in held for p in pos) == list(range(world * tokens))
+    assert held[0] == [0, 1, 2, 21, 22, 23]
+    c = tokens // 2
+    for pos in held:  # chunk pairs on or below the diagonal, counted from the positions
+        chunks = sorted({p // c for p in pos})
+        assert sum(q + 1 for q in chunks) == zigzag_chunk_pairs(world)
+    with pytest.raises(ValueError, match="2 x ranks chunks"):
+        zigzag_positions(0, world, 5)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome
+from labsim.context_parallel import zigzag_chunk_pairs, zigzag_positions
 
 NPROCS = 4
 TOL = close(rtol=1e-9, atol=1e-12)
@@ -143,17 +144,9 @@ class Sizes:
     seed: int
 
 
-def zigzag(rank: int, world: int, tokens: int) -> torch.Tensor:
-    """Positions rank ``rank`` holds under the load-balanced split (chunks ``r`` and
-    ``2R - 1 - r`` of ``2R``)."""
-    c = tokens // 2
-    return torch.cat([torch.arange(rank * c, rank * c + c),
-                      torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
-
-
 def positions(sizes: Sizes, rank: int, zigzag_split: bool) -> torch.Tensor:
     if zigzag_split and sizes.causal:
-        return zigzag(rank, NPROCS, sizes.tokens)
+        return torch.tensor(zigzag_positions(rank, NPROCS, sizes.tokens))
     return torch.arange(rank * sizes.tokens, (rank + 1) * sizes.tokens)
 
 
@@ -181,7 +174,7 @@ def ring_flops(sizes: Sizes) -> int:
     if not sizes.causal:
         return 4 * sizes.tokens * NPROCS * sizes.tokens * d * bh
     c = sizes.tokens // 2
-    return (2 * NPROCS + 1) * 4 * c * c * d * bh
+    return zigzag_chunk_pairs(NPROCS) * 4 * c * c * d * bh
 
 
 def cp_worker(rank: int, world: int, fn: Callable[..., Any], kind: str,

@@ -23,6 +23,7 @@ import torch
 
 from labsim.attention import attention_flops
 from labsim.cluster import Cluster
+from labsim.context_parallel import zigzag_chunk_pairs, zigzag_positions
 from labsim.workload import Transformer
 
 
@@ -39,13 +40,6 @@ class RingRun:
     full_peak_bytes: int = 0
 
 
-def zigzag(rank: int, world: int, tokens: int) -> torch.Tensor:
-    """Positions of a rank's tokens under the load-balanced split (chunks ``r``, ``2R-1-r``)."""
-    c = tokens // 2
-    return torch.cat([torch.arange(rank * c, rank * c + c),
-                      torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
-
-
 def ring_worker(rank: int, world: int, ring: Callable[..., Any], partial: Callable[..., Any],
                 seq_lens: Sequence[int] = (512, 1024, 2048), heads: int = 2,
                 head_dim: int = 32) -> list[RingRun]:
@@ -59,7 +53,7 @@ def ring_worker(rank: int, world: int, ring: Callable[..., Any], partial: Callab
     for s in seq_lens:
         g = torch.Generator().manual_seed(s)
         q, k, v = (torch.randn(1, heads, s, head_dim, generator=g) for _ in range(3))
-        where = zigzag(rank, world, s // world)
+        where = torch.tensor(zigzag_positions(rank, world, s // world))
         mine = [t[..., where, :].contiguous() for t in (q, k, v)]
         with CommRecorder() as rec:
             ring(*mine, True)
@@ -82,8 +76,8 @@ def contiguous_blocks(world: int) -> list[int]:
 
 def zigzag_blocks(world: int) -> float:
     """The same count under the load-balanced split: ``2R + 1`` pairs of half-blocks, equal
-    on every rank."""
-    return (2 * world + 1) / 4
+    on every rank (``labsim.context_parallel.zigzag_chunk_pairs``)."""
+    return zigzag_chunk_pairs(world) / 4
 
 
 # -- simulated ----------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from labsim.context_parallel import zigzag_positions as _zigzag
+
 
 def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool
@@ -59,14 +61,9 @@ def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
 
 
 def zigzag_positions(rank: int, world: int, tokens: int) -> torch.Tensor:
-    """Positions of the ``tokens`` a rank holds under the load-balanced split: chunks ``rank``
-    and ``2 world - 1 - rank`` of ``2 world`` equal chunks."""
-    if tokens % 2:
-        raise ValueError(f"{tokens} tokens per rank do not split into two equal chunks: the "
-                         "load-balanced split needs the sequence to divide into 2 x ranks chunks")
-    c = tokens // 2
-    first, second = rank * c, (2 * world - 1 - rank) * c
-    return torch.cat([torch.arange(first, first + c), torch.arange(second, second + c)])
+    """Positions of the ``tokens`` a rank holds under the load-balanced split
+    (``labsim.context_parallel.zigzag_positions``), as a tensor."""
+    return torch.tensor(_zigzag(rank, world, tokens))
 
 
 def contiguous_positions(rank: int, world: int, tokens: int) -> torch.Tensor:
