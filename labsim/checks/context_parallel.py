@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome
+from labsim.checks._core import Case, Outcome, Spec, close
+from labsim.checks._ranks import launch_ranks, rank_outcomes, stub_outcomes
 from labsim.context_parallel import zigzag_chunk_pairs, zigzag_positions
 
 NPROCS = 4
@@ -209,44 +210,23 @@ def cp_worker(rank: int, world: int, fn: Callable[..., Any], kind: str,
     return out
 
 
+HANG = ("a rank waited for a message nobody sent: does every rank send to the next and receive "
+        "from the previous one at every step, and run every collective?")
+
+
 def _driver(kind: str) -> Callable[..., list[Outcome]]:
     def drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcome]:
-        from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
-
-        try:  # a stub raises NotImplementedError before any collective
-            q = torch.zeros(1, NPROCS, 2, 2, dtype=torch.float64)
-            fns[0](q, q, q, True)
-        except NotImplementedError as exc:
-            return [Outcome.of_error(exc)] * len(cases)
-        except Exception:  # noqa: BLE001, S110 - expected: no process group here
-            pass
+        q = torch.zeros(1, NPROCS, 2, 2, dtype=torch.float64)
+        stub = stub_outcomes([lambda: fns[0](q, q, q, True)], len(cases))
+        if stub is not None:
+            return stub
         jobs = [tuple(c.args[0]) for c in cases]
-        try:
-            ranks = launch(cp_worker, NPROCS, args=(fns[0], kind, jobs, spec.forbid),
-                           timeout_s=TIMEOUT_S, progress=spec.title).values
-        except LaunchTimeout as exc:
-            first = str(exc).splitlines()[0] if str(exc) else "the ranks were stopped"
-            msg = ("a rank waited for a message nobody sent: does every rank send to the "
-                   "next and receive from the previous one at every step, and run every "
-                   f"collective? ({first})")
-            return [Outcome(None, "LaunchTimeout", ("LaunchTimeout",), msg)] * len(cases)
-        except WorkerError as exc:
-            return [Outcome.of_error(exc)] * len(cases)
-        references = sorted({ref for r in ranks for run in r if isinstance(run, dict)
-                             for ref in run["references"]})
-        outcomes = []
-        for i in range(len(cases)):
-            runs = [r[i] for r in ranks]
-            observed = {"ranks": [{key: run[key] for key in ("comms", "messages", "flops")}
-                                  for run in runs if isinstance(run, dict)],
-                        "references": references}
-            bad = next((run for run in runs if isinstance(run, Outcome)), None)
-            if bad is not None:
-                outcomes.append(Outcome(None, bad.error, bad.error_types, bad.message,
-                                        observed))
-            else:
-                outcomes.append(plain_outcome([run["out"] for run in runs], observed))
-        return outcomes
+        ranks, failed = launch_ranks(cp_worker, NPROCS, (fns[0], kind, jobs, spec.forbid), spec,
+                                     len(cases), TIMEOUT_S, HANG)
+        if ranks is None:
+            return failed
+        return rank_outcomes(ranks, range(len(cases)), ("comms", "messages", "flops"),
+                             lambda runs, i: [run["out"] for run in runs])
     return drive
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from labsim.checks._core import Case, Outcome, Spec, close, plain_outcome
+from labsim.checks._core import Case, Outcome, Spec, close
+from labsim.checks._ranks import launch_ranks, rank_outcomes, stub_outcomes, unique_jobs
 from labsim.checks.moe import layer_inputs
 
 NPROCS = 4
@@ -180,51 +181,28 @@ def ep_worker(rank: int, world: int, fns: Sequence[Any], jobs: Sequence[tuple],
     return out
 
 
-def _drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcome]:
-    from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
+HANG = ("a rank waited in a collective the others never issued: does every rank run every "
+        "all-to-all, even one that sends or receives no rows (and its backward: run each local "
+        "expert even on zero rows, so the combine's output needs a gradient on every rank)?")
 
-    for probe in (_probe, _probe_layer):
-        try:
-            probe(fns)
-        except NotImplementedError as exc:
-            return [Outcome.of_error(exc)] * len(cases)
-        except Exception:  # noqa: BLE001, S110 - expected: no process group here
-            pass
-    jobs: list[tuple] = []
-    for c in cases:
-        job = (str(c.args[0]), tuple(c.args[1]))
-        if job not in jobs:
-            jobs.append(job)
-    try:
-        ranks = launch(ep_worker, NPROCS, args=(list(fns), jobs, spec.forbid), timeout_s=TIMEOUT_S,
-                       progress=spec.title).values
-    except LaunchTimeout as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "the ranks were stopped"
-        msg = ("a rank waited in a collective the others never issued: does every rank run "
-               "every all-to-all, even one that sends or receives no rows (and its backward: "
-               "run each local expert even on zero rows, so the combine's output needs a "
-               f"gradient on every rank)? ({first})")
-        return [Outcome(None, "LaunchTimeout", ("LaunchTimeout",), msg)] * len(cases)
-    except WorkerError as exc:
-        return [Outcome.of_error(exc)] * len(cases)
-    references = sorted({ref for r in ranks for run in r if isinstance(run, dict)
-                         for ref in run["references"]})
-    outcomes = []
-    for c in cases:
-        runs = [r[jobs.index((str(c.args[0]), tuple(c.args[1])))] for r in ranks]
-        observed = {"ranks": [{key: run[key] for key in ("forward", "backward", "flops")}
-                              for run in runs if isinstance(run, dict)],
-                    "references": references}
-        bad = next((run for run in runs if isinstance(run, Outcome)), None)
-        if bad is not None:
-            outcomes.append(Outcome(None, bad.error, bad.error_types, bad.message, observed))
-            continue
-        what = str(c.args[2])
-        value = [[run["out"], *run["grads"].values()] if what == "all" else
-                 [run["grads"].get("w_router")] if what == "router" else
-                 [run["out"]] if what == "out" else [run["grads"].get("x")] for run in runs]
-        outcomes.append(plain_outcome(value, observed))
-    return outcomes
+
+def _drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcome]:
+    stub = stub_outcomes([lambda: _probe(fns), lambda: _probe_layer(fns)], len(cases))
+    if stub is not None:
+        return stub
+    jobs, index = unique_jobs(cases, lambda c: (str(c.args[0]), tuple(c.args[1])))
+    ranks, failed = launch_ranks(ep_worker, NPROCS, (list(fns), jobs, spec.forbid), spec,
+                                 len(cases), TIMEOUT_S, HANG)
+    if ranks is None:
+        return failed
+
+    def value(runs: list[dict], i: int) -> list[Any]:
+        what = str(cases[i].args[2])
+        return [[run["out"], *run["grads"].values()] if what == "all" else
+                [run["grads"].get("w_router")] if what == "router" else
+                [run["out"]] if what == "out" else [run["grads"].get("x")] for run in runs]
+
+    return rank_outcomes(ranks, index, ("forward", "backward", "flops"), value)
 
 
 # -- cases, comparison and rules (in the grader's process) --------------------------------------

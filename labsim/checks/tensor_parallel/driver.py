@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from labsim.checks._core import Case, Outcome, Spec, plain_outcome
+from labsim.checks._core import Case, Outcome, Spec
+from labsim.checks._ranks import launch_ranks, rank_outcomes, stub_outcomes, unique_jobs
 from labsim.checks.tensor_parallel.reference import (
     ATTENTION_SPECS,
     MLP_SPECS,
@@ -95,42 +96,18 @@ def driver(roles: Mapping[str, int], nprocs: int,
     """A driver launching every job of a check's cases once, ``roles``: kind -> which of the
     check's functions runs it."""
     def drive(fns: Sequence[Any], cases: Sequence[Case], spec: Spec) -> list[Outcome]:
-        from labsim.lab.launcher import LaunchTimeout, WorkerError, launch
-
-        for kind, i in roles.items():
-            try:
-                _probe(kind, fns[i])
-            except NotImplementedError as exc:
-                return [Outcome.of_error(exc)] * len(cases)
-            except Exception:  # noqa: BLE001, S110 - expected: no process group here
-                pass
-        jobs: list[Job] = []
-        for c in cases:
-            job = (str(c.args[0]), tuple(c.args[1]))
-            if job not in jobs:
-                jobs.append(job)
-        try:
-            ranks = launch(tp_worker, nprocs, args=(list(fns), dict(roles), jobs, spec.forbid),
-                           timeout_s=timeout_s, progress=spec.title).values
-        except (LaunchTimeout, WorkerError) as exc:
-            return [Outcome.of_error(exc)] * len(cases)
-        references = sorted({ref for r in ranks for run in r if isinstance(run, dict)
-                             for ref in run["references"]})
-        outcomes = []
-        for c in cases:
-            k = jobs.index((str(c.args[0]), tuple(c.args[1])))
-            runs = [r[k] for r in ranks]
-            observed = {"ranks": [{key: run[key] for key in ("forward", "backward", "flops")}
-                                  for run in runs if isinstance(run, dict)],
-                        "references": references}
-            bad = next((run for run in runs if isinstance(run, Outcome)), None)
-            if bad is not None:
-                outcomes.append(Outcome(None, bad.error, bad.error_types, bad.message,
-                                        observed))
-            else:
-                outcomes.append(plain_outcome([pick(run["out"], run["grads"], str(c.args[2]))
-                                               for run in runs], observed))
-        return outcomes
+        stub = stub_outcomes([lambda k=kind, i=i: _probe(k, fns[i]) for kind, i in roles.items()],
+                             len(cases))
+        if stub is not None:
+            return stub
+        jobs, index = unique_jobs(cases, lambda c: (str(c.args[0]), tuple(c.args[1])))
+        ranks, failed = launch_ranks(tp_worker, nprocs, (list(fns), dict(roles), jobs,
+                                                         spec.forbid), spec, len(cases),
+                                     timeout_s)
+        if ranks is None:
+            return failed
+        return rank_outcomes(ranks, index, ("forward", "backward", "flops"), lambda runs, i: [
+            pick(run["out"], run["grads"], str(cases[i].args[2])) for run in runs])
     return drive
 
 
