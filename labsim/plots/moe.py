@@ -8,31 +8,17 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from labsim.plots._figure import new_figure
-
-_COMPUTE, _COMM = "#4C72B0", "#DD8452"
+from labsim.plots.series import compute_comm_bars
 
 
 def ep_layer_bars(rows: Sequence[object], title: str = "") -> Figure:
     """Stacked horizontal bars, one per ``EpLayer``: an MoE layer's compute and its dispatch
     and combine all-to-alls (seconds alone, forward + backward), in ms, with their share."""
-    fig = new_figure((7, 0.45 * len(rows) + 1.3))
-    ax = fig.subplots()
-    labels = [f"ep={r.ep}: {r.where}" for r in rows]
-    compute = [r.compute_s * 1e3 for r in rows]
-    comm = [r.alltoall_s * 1e3 for r in rows]
-    ax.barh(labels, compute, color=_COMPUTE, label="compute")
-    ax.barh(labels, comm, left=compute, color=_COMM, label="all-to-alls (alone)")
-    for i, r in enumerate(rows):
-        ax.text(compute[i] + comm[i], i, f" {r.alltoall_fraction:.0%}", va="center",
-                fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1.12 * max(c + m for c, m in zip(compute, comm)))
-    ax.set_xlabel("ms per MoE layer and micro-batch (forward + backward)")
-    ax.tick_params(axis="y", labelsize=8)
-    ax.set_title(title or "one MoE layer: compute vs expert-parallel all-to-alls", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    return fig
+    return compute_comm_bars(
+        [f"ep={r.ep}: {r.where}" for r in rows], [r.compute_s for r in rows],
+        [r.alltoall_s for r in rows], comm_label="all-to-alls (alone)", comm_colour="#DD8452",
+        xlabel="ms per MoE layer and micro-batch (forward + backward)",
+        title=title or "one MoE layer: compute vs expert-parallel all-to-alls")
 
 
 def traffic_matrix(sent: Sequence[Sequence[int]], title: str = "") -> Figure:

@@ -1,8 +1,11 @@
-"""Scaling plot: measured or modelled quantities against a size, on log-log axes.
+"""Plot shapes several topics share.
 
-Each series is a line (label -> values at the shared x positions); dashed guide lines of slope
-1 and 2 through the first point of the first series show what O(n) and O(n^2) growth look like,
-so a learner can read the exponent off the chart.
+``scaling``: measured or modelled quantities against a size, on log-log axes; each series is a
+line (label -> values at the shared x positions), and dashed guide lines of slope 1 and 2
+through the first point of the first series show what O(n) and O(n^2) growth look like, so a
+learner can read the exponent off the chart.  ``efficiency``: scaling efficiency against a
+parallel degree.  ``compute_comm_bars``: one layer's compute and its communication as stacked
+bars, with the communication's share.
 """
 
 from __future__ import annotations
@@ -79,5 +82,28 @@ def efficiency(series: Mapping[str, Sequence[Mapping[str, float]]], x_key: str, 
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def compute_comm_bars(labels: Sequence[str], compute_s: Sequence[float],
+                      comm_s: Sequence[float], *, comm_label: str, xlabel: str, title: str,
+                      comm_colour: str = "#55A868") -> Figure:
+    """Stacked horizontal bars, one per label: compute, then communication (seconds, drawn in
+    ms), each bar ending with the communication's share of the two."""
+    fig = new_figure((7, 0.45 * len(labels) + 1.3))
+    ax = fig.subplots()
+    compute = [t * 1e3 for t in compute_s]
+    comm = [t * 1e3 for t in comm_s]
+    ax.barh(list(labels), compute, color="#4C72B0", label="compute")
+    ax.barh(list(labels), comm, left=compute, color=comm_colour, label=comm_label)
+    for i, (c, m) in enumerate(zip(compute, comm)):
+        ax.text(c + m, i, f" {m / (c + m) if c + m else 0:.0%}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.12 * max(c + m for c, m in zip(compute, comm)))
+    ax.set_xlabel(xlabel)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from labsim.plots._figure import new_figure
-from labsim.plots.series import efficiency
+from labsim.plots.series import compute_comm_bars, efficiency
 
 _COMPUTE, _COMM = "#4C72B0", "#55A868"
 
@@ -17,22 +17,11 @@ _COMPUTE, _COMM = "#4C72B0", "#55A868"
 def layer_time_bars(rows: Sequence[object], title: str = "") -> Figure:
     """Stacked horizontal bars, one per ``LayerTimes``: compute and blocking TP
     communication of one layer (forward + backward), in ms, with the communication share."""
-    fig = new_figure((7, 0.45 * len(rows) + 1.3))
-    ax = fig.subplots()
-    labels = [f"tp={r.tp}: {r.where}" for r in rows]
-    compute = [r.compute_s * 1e3 for r in rows]
-    comm = [r.comm_s * 1e3 for r in rows]
-    ax.barh(labels, compute, color=_COMPUTE, label="compute")
-    ax.barh(labels, comm, left=compute, color=_COMM, label="TP communication (blocking)")
-    for i, r in enumerate(rows):
-        ax.text(compute[i] + comm[i], i, f" {r.comm_fraction:.0%}", va="center", fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("ms per layer and micro-batch (forward + backward)")
-    ax.tick_params(axis="y", labelsize=8)
-    ax.set_title(title or "one layer: compute vs tensor-parallel communication", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
+    return compute_comm_bars(
+        [f"tp={r.tp}: {r.where}" for r in rows], [r.compute_s for r in rows],
+        [r.comm_s for r in rows], comm_label="TP communication (blocking)",
+        xlabel="ms per layer and micro-batch (forward + backward)",
+        title=title or "one layer: compute vs tensor-parallel communication")
 
 
 def tp_efficiency_curves(series: Mapping[str, Sequence[Mapping[str, float]]],
