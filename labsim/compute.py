@@ -129,7 +129,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                sustained: float | None = None, flash_kernel: str = "cuda",
                recompute_early_stop: bool = False, fp8: str | None = None,
                moe: bool | None = None, ep: int = 1,
-               expert_imbalance: float = 1.0, cp: int = 1, cp_comm: str = "p2p") -> LayerCost:
+               expert_imbalance: float = 1.0, cp: int = 1, cp_comm: str = "p2p",
+               grouped_gemm: bool = False) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -145,7 +146,11 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     its leading dense layers (False); ``moe_linears`` gives an MoE layer's GEMMs.
     ``ep``, ``expert_imbalance``: expert parallelism (``labsim.expert_parallel``): the rank's
     ``experts / ep`` experts on ``ep`` times the rows each, the busiest rank's (``imbalance``
-    times the mean) setting the time; the FLOPs stay the mean rank's.
+    times the mean) setting the time; the FLOPs stay the mean rank's.  ``grouped_gemm``: the
+    rank's experts run as one grouped GEMM per projection (Megatron-Core ``--moe-grouped-gemm``,
+    ``GroupedMLP`` / Transformer Engine's ``GroupedLinear``): one kernel over every local
+    expert's rows, priced at the efficiency of their total size, instead of one GEMM per
+    expert at its own (``SequentialMLP``, Megatron-Core's default).
     ``cp``, ``cp_comm``: context parallelism (``labsim.context_parallel``): every op on the
     rank's ``s / cp`` tokens, attention on its share of the whole sequence's (FLOPs / cp), the
     kernel at the length it sees (a ring's ``s / cp`` blocks, the whole ``s`` otherwise)."""
@@ -175,18 +180,20 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         linears += moe_linears(model, tokens, tp, ep)
     fwd = PassCost()
     bwd = PassCost()
-    for name, rows, n, k, count in linears:  # count: identical GEMMs, each priced alone
+
+    def timed(name: str, m: float, n: int, k: int, count: int) -> float:
+        """``count`` identical GEMMs: each alone, or the experts' as one grouped GEMM."""
+        if grouped_gemm and name.startswith("expert_"):
+            return gemm_time(m, n, k, gpu, lin_dtype, count, lin_e, su) * slow
+        return count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e,
+                                 sustained=su) * slow
+
+    for name, rows, n, k, count in linears:  # count: identical GEMMs
         flops = 2.0 * rows * n * k * count
         m = rows * imbalance if name.startswith("expert_") else rows
-        t = count * gemm_time(m, n, k, gpu, lin_dtype, bytes_per_element=lin_e,
-                              sustained=su) * slow
-        fwd += PassCost(t, flops)
+        fwd += PassCost(timed(name, m, n, k, count), flops)
         # data gradient (m x n) @ (n x k) and weight gradient (k x m) @ (m x n)
-        t_b = count * (gemm_time(m, k, n, gpu, lin_dtype, bytes_per_element=lin_e,
-                                 sustained=su)
-                       + gemm_time(k, n, m, gpu, lin_dtype, bytes_per_element=lin_e,
-                                   sustained=su)) * slow
-        bwd += PassCost(t_b, 2.0 * flops)
+        bwd += PassCost(timed(name, m, k, n, count) + timed(name, k, n, m, count), 2.0 * flops)
         if fp8 is not None:  # labsim.fp8: the input's cast (or transpose), the gradient's cast
             cast = cast_bytes(fp8, e) if name == "attn_out" else fused_input_bytes(fp8, e)
             fwd += PassCost(memory_time(count * m * k * cast, gpu, su), 0.0)
@@ -243,9 +250,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
         if recompute_early_stop:  # the MLP's output projections are not run again
             for name, m, n, k, count in (x for x in linears if x[0].endswith("down")):
                 rows = m * imbalance if name.startswith("expert_") else m
-                rec = PassCost(rec.time_s - count * gemm_time(
-                    rows, n, k, gpu, lin_dtype, bytes_per_element=lin_e, sustained=su) * slow,
-                    rec.flops - 2.0 * m * n * k * count)
+                rec = PassCost(rec.time_s - timed(name, rows, n, k, count),
+                               rec.flops - 2.0 * m * n * k * count)
     elif recompute == "op-sac":
         rec = _op_sac_recompute(model, tokens, tp, gpu, lin_dtype, lin_e, su,
                                 fwd_elementwise=memory_time(elem_bytes, gpu, su),
@@ -269,7 +275,7 @@ def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1
     ``labsim.expert_parallel.routed_rows``), each shared expert's on every token; the
     experts' width split over ``tp`` as a dense MLP's is (column- then row-parallel).  Each
     expert's GEMM is priced alone, at its own size's efficiency, as Megatron-Core's
-    ``SequentialMLP`` runs them (a grouped-GEMM kernel can do better on small experts)."""
+    ``SequentialMLP`` runs them, unless ``layer_cost(grouped_gemm=True)`` groups them."""
     h, up = model.hidden, 2 if model.swiglu else 1
     rows = routed_rows(model, tokens, ep)
     out: list[tuple[str, float, int, int, int]] = [("router", tokens, model.experts, h, 1)]

@@ -109,6 +109,8 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    moe_grouped_gemm: each rank's experts run as one grouped GEMM per projection
+        (Megatron-Core's ``--moe-grouped-gemm``); False (its default): one GEMM per expert.
     ep_node_limit: DeepSeek-V3's node-limited routing with deduplicated dispatch (DeepEP):
         each token's experts lie on at most this many nodes, and it crosses InfiniBand once
         per node it needs, forwarded over NVLink inside the node
@@ -159,6 +161,7 @@ class Plan:
     capacity_factor: float | None = None
     pad_to_capacity: bool = False
     ep_node_limit: int | None = None
+    moe_grouped_gemm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
@@ -180,6 +183,8 @@ class Plan:
                 raise ValueError(f"ep_node_limit={self.ep_node_limit} limits the nodes an "
                                  "expert-parallel dispatch reaches: set ep > 1 or leave "
                                  "ep_node_limit None")
+        if not isinstance(self.moe_grouped_gemm, bool):
+            raise ValueError(f"moe_grouped_gemm={self.moe_grouped_gemm!r}: must be True or False")
         if self.ep_overlap and self.ep == 1:
             raise ValueError("ep_overlap=True overlaps expert parallelism's all-to-alls: set "
                              "ep > 1 or leave ep_overlap False")

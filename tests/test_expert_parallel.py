@@ -231,3 +231,21 @@ def test_node_limited_dispatch_crosses_infiniband_once_per_node_it_needs() -> No
         assert placed.cost.intra_load == pytest.approx(7 / 64 + 56 / 64 * 7 / 8)  # forwards
         times.append(t)
     assert times == sorted(times, reverse=True) and times[-1] < 0.8 * t_plain
+
+
+def test_a_grouped_gemm_prices_the_local_experts_at_their_total_size() -> None:
+    with pytest.raises(ValueError, match="moe_grouped_gemm='yes': must be True or False"):
+        Plan(moe_grouped_gemm="yes")
+    seq = {ep: layer_cost(DEEPSEEK, 1, H100, moe=True, ep=ep) for ep in (1, 8, 64)}
+    grouped = {ep: layer_cost(DEEPSEEK, 1, H100, moe=True, ep=ep, grouped_gemm=True)
+               for ep in (1, 8, 64)}
+    # one expert a rank (EP 64): nothing to group; 64 or 8 local experts: one kernel each
+    assert grouped[64] == seq[64]
+    assert grouped[1].forward.time_s == pytest.approx(seq[64].forward.time_s)
+    assert grouped[1].forward.time_s < 0.95 * seq[1].forward.time_s
+    assert all(grouped[ep].model_flops == seq[ep].model_flops for ep in seq)
+    cluster = labsim.dgx_h100(8)
+    steps = [labsim.estimate_step(DEEPSEEK, cluster, Plan(
+        dp=64, global_batch=512, zero_stage=1, software="megatron-core-te", ep=8,
+        moe_grouped_gemm=g)).step_time_s for g in (False, True)]
+    assert steps[1] < steps[0]

@@ -347,7 +347,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             sustained=su, flash_kernel=soft.flash_kernel,
             recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe,
             ep=plan.ep, expert_imbalance=plan.expert_load, cp=plan.cp,
-            cp_comm=plan.cp_comm)
+            cp_comm=plan.cp_comm, grouped_gemm=plan.moe_grouped_gemm)
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
     lc = layer(True if model.experts else None)
