@@ -253,6 +253,11 @@ def contended_chunks(chunks: list[ChunkCost], plan: Plan, cluster: Cluster,
     gpu, m, p = cluster.gpu, plan.microbatches, plan.pp
     h = _tp_hidden(plan, cluster, soft)
     z_gather, z_reduce, units, (gathers_f, gathers_b) = zero3
+    if not ((h and chunks[0].tp is not None)
+            or (plan.overlap_grad_reduce and any(b is not None for b, _ in buckets))
+            or (soft.overlap_param_gather and any(x is not None for x in gathers))
+            or (z_gather is not None and plan.zero3_prefetch > 0)):
+        return chunks  # nothing runs beside the compute
     k = compute.efficiency(gpu).overlap_slowdown
 
     def extra(compute_s: float, comm_s: float) -> float:
@@ -412,17 +417,20 @@ def _pipeline_sends(model: Transformer, plan: Plan, cluster: Cluster,
     # by the pair's shape: two nodes, or one node and one NIC or two (all ``group_of`` sees)
     costs: dict[tuple[bool, bool], CollectiveCost] = {}
     p = plan.pp
-    nic = net.nic_index
+    node, nic, place = net.node, net.nic_index, net.place_send
     for g in range(min(p, p * plan.virtual_stages - 1)):  # chunk g + p pairs like chunk g
-        for a, b in (((g % p), (g + 1) % p), ((g + 1) % p, g % p)):
-            if (a, b) not in out and a != b:
-                ra, rb = net.rep[a], net.rep[b]
-                same = net.node[a] == net.node[b]
-                shape = (same, same and nic[a] == nic[b])
-                if shape not in costs:
-                    costs[shape] = plan_collective("sendrecv", nbytes,
-                                                   group_of(cluster, [ra, rb]))
-                out[(a, b)] = net.place_send(costs[shape], a, b)
+        a, b = g, (g + 1) % p
+        if a == b:
+            continue
+        same = node[a] == node[b]
+        shape = (same, same and nic[a] == nic[b])
+        cost = costs.get(shape)
+        if cost is None:
+            cost = costs[shape] = plan_collective("sendrecv", nbytes,
+                                                  group_of(cluster, [net.rep[a], net.rep[b]]))
+        out[(a, b)] = place(cost, a, b)  # forward
+        if (b, a) not in out:
+            out[(b, a)] = place(cost, b, a)  # backward (the same pair's shape)
     return out
 
 
