@@ -132,3 +132,15 @@ def test_ep_divides_memory_and_its_alltoalls_jump_across_nodes() -> None:
 def test_the_published_mixtral_run_within_its_band() -> None:
     out = moe.published_mixtral()
     assert abs(out["error"]) < out["result"].band.typical
+
+
+def test_node_limited_steps_shrink_the_all_to_alls_and_the_step() -> None:
+    from dataclasses import replace as swap
+
+    from labsim import Plan, Transformer, dgx_h100
+    model = swap(Transformer.preset("deepseek-moe-16b"), seq_len=4096)
+    plan = Plan(dp=64, global_batch=512, zero_stage=1, software="megatron-core-te", ep=64)
+    rows = moe.node_limited_steps(model, dgx_h100(8), plan, (None, 4))
+    assert [r["limit"] for r in rows] == [None, 4]
+    assert rows[1]["alltoall_s"] < 0.7 * rows[0]["alltoall_s"]
+    assert rows[1]["step_s"] < 0.9 * rows[0]["step_s"]

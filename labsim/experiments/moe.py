@@ -191,6 +191,24 @@ def node_limited_rows(experts: int = 256, k: int = 8, nodes: int = 8,
     return rows
 
 
+def node_limited_steps(model: Transformer, cluster: Cluster, plan: Plan,
+                       limits: Sequence[int | None] = (None, 8, 4, 2)) -> list[dict[str, Any]]:
+    """``plan`` (expert parallelism across nodes) with each ``Plan.ep_node_limit`` of
+    ``limits`` (None: NCCL's all-to-all, one copy per routed expert): one MoE layer's
+    all-to-alls alone, forward + backward, and the step (``simulate_step``)."""
+    from labsim import simulate_step
+    from labsim.step.costs import step_costs
+
+    rows = []
+    for limit in limits:
+        p = replace(plan, ep_node_limit=limit)
+        chunk = step_costs(model, cluster, p).chunks[0]
+        rows.append({"limit": limit, "step_s": simulate_step(model, cluster, p).step_time_s,
+                     "alltoall_s": (chunk.inline_s(True) + chunk.inline_s(False))
+                     / chunk.layers})
+    return rows
+
+
 def published_mixtral() -> dict[str, Any]:
     """Megatron-Core v0.9's Mixtral 8x7B run (64 H100, TP1 EP8 PP4 VP8): measured against
     ``labsim.simulate_step`` on its published layout."""
