@@ -249,3 +249,24 @@ def test_a_grouped_gemm_prices_the_local_experts_at_their_total_size() -> None:
         dp=64, global_batch=512, zero_stage=1, software="megatron-core-te", ep=8,
         moe_grouped_gemm=g)).step_time_s for g in (False, True)]
     assert steps[1] < steps[0]
+
+
+def test_expert_gradients_are_reduced_over_the_expert_data_parallel_ranks_only() -> None:
+    cluster = labsim.dgx_h100(8)
+
+    def carried(model: Transformer, plan: Plan) -> float:  # bytes a chunk's buckets carry
+        bucket, count = step_costs(model, cluster, plan).buckets[0]
+        return bucket.nbytes * count
+
+    every = 8 * expert_parallel.routed_expert_params(MIXTRAL)  # a chunk's 8 MoE layers
+    full = step_costs(MIXTRAL, cluster, _plan()).chunks[0].params
+    assert carried(MIXTRAL, _plan()) == pytest.approx(2 * full, rel=1e-6)  # bf16 gradients
+    # EP 8: one expert a rank, reduced over its dp / ep = 2 ranks (one a node, on InfiniBand:
+    # dearer a byte than the 16-rank ring, mostly NVLink), far fewer bytes than every expert
+    assert 2 * (full - every) < carried(MIXTRAL, _plan(ep=8)) < 0.5 * 2 * full
+    assert step_costs(MIXTRAL, cluster, _plan(ep=8)).chunks[0].params == full  # optimizer
+    # EP 64 over DP 64: every rank alone with its experts, only the rest is reduced
+    plan = Plan(dp=64, global_batch=512, zero_stage=1, software="megatron-core-te", ep=64)
+    dense = (step_costs(DEEPSEEK, cluster, plan).chunks[0].params
+             - 27 * expert_parallel.routed_expert_params(DEEPSEEK))
+    assert carried(DEEPSEEK, plan) == pytest.approx(2 * dense, rel=1e-6)

@@ -40,6 +40,7 @@ from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.context_parallel import local_model
+from labsim.expert_parallel import moe_layers_of, routed_expert_params
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params, step_memory, zero3_unit_params
 from labsim.network import FoldedNetwork, Placed
@@ -173,14 +174,15 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     op = ("allreduce" if plan.zero_stage == 0
           or (plan.zero_stage == 1 and soft.zero1_grad_op == "allreduce") else "reduce_scatter")
     dp_place = _Placer(net, dp_group, soft.dp_nccl_algo)
+    reduced = _reduced_params(model, plan, cluster, chunks, op, soft.dp_nccl_algo)
     split: dict[float, tuple[int, int]] = {}  # a chunk's gradient: (bucket bytes, count)
-    for g, ch in enumerate(chunks):
+    for g, carried in enumerate(reduced):
         if plan.gradient_ranks > 1 and not zero3:
-            if ch.params not in split:
-                grad_bytes = ch.params * precision.grad_bytes
+            if carried not in split:
+                grad_bytes = carried * precision.grad_bytes
                 count = max(1, math.ceil(grad_bytes / plan.bucket_bytes))
-                split[ch.params] = (round(grad_bytes / count), count)
-            nbytes, count = split[ch.params]
+                split[carried] = (round(grad_bytes / count), count)
+            nbytes, count = split[carried]
             buckets.append((dp_place(op, nbytes, g % plan.pp), count))
         else:
             buckets.append((None, 0))
@@ -188,7 +190,8 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     stepped: dict[float, float] = {}  # the optimizer's seconds by a stage's parameters
     for s in range(plan.pp):
         params = sum([ch.params for ch in chunks[s::plan.pp]])
-        gathers.append(dp_place("allgather", round(params * precision.weight_bytes), s)
+        gathered = sum(reduced[s::plan.pp])
+        gathers.append(dp_place("allgather", round(gathered * precision.weight_bytes), s)
                        if plan.zero_stage in (1, 2) and plan.gradient_ranks > 1 else None)
         if params not in stepped:
             stepped[params] = compute.optimizer_time(params / shard, gpu, plan.optimizer, su)
@@ -220,6 +223,34 @@ def step_costs(model: Transformer, cluster: Cluster, plan: Plan) -> StepCosts:
     return StepCosts(model, cluster, plan, soft, su, net.capacity, tuple(chunks), p2p,
                      tuple(buckets), tuple(gathers), tuple(opt), tied, z_gather, z_reduce,
                      units, z_extra, overhead, counts)
+
+
+def _reduced_params(model: Transformer, plan: Plan, cluster: Cluster, chunks: list[ChunkCost],
+                    op: str, algorithm: str) -> list[float]:
+    """Per chunk, the parameters whose gradients its data-parallel buckets (and ZeRO-1/2's
+    parameter all-gather) carry, in the dp group's terms.  With expert parallelism a rank
+    holds ``experts / ep`` of each MoE layer's routed experts, and Megatron-Core reduces their
+    gradients over the ``dp cp / ep`` expert-data-parallel ranks (``expert_data_parallel``
+    groups of ``parallel_state``): those enter at what a bucket costs there against the dp
+    group (NCCL's model, one bucket on each), nothing where the group is one rank; every
+    other parameter as it is.  The optimizer steps every expert either way (``experts /
+    dp`` of them per rank), so it keeps ``ChunkCost.params``."""
+    if plan.ep == 1 or not model.experts:
+        return [ch.params for ch in chunks]
+    edp = plan.gradient_ranks // plan.ep
+    ratio = 0.0
+    if edp > 1:
+        nbytes = round(plan.bucket_bytes)
+        dense = plan_collective(op, nbytes, strided_group(cluster, plan.gradient_ranks,
+                                                          plan.tp), algorithm)
+        expert = plan_collective(op, nbytes, strided_group(cluster, edp, plan.tp * plan.ep),
+                                 algorithm)
+        ratio = expert.time_s / dense.time_s
+    split = plan.chunk_layers(model.layers)
+    every, mine = routed_expert_params(model, plan.tp), routed_expert_params(model, plan.tp,
+                                                                              plan.ep)
+    return [ch.params - moe_layers_of(model, split[g], sum(split[:g])) * (every - mine * ratio)
+            for g, ch in enumerate(chunks)]
 
 
 def _embedding_allreduce(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwork,
