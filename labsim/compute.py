@@ -130,7 +130,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                recompute_early_stop: bool = False, fp8: str | None = None,
                moe: bool | None = None, ep: int = 1,
                expert_imbalance: float = 1.0, cp: int = 1, cp_comm: str = "p2p",
-               grouped_gemm: bool = False) -> LayerCost:
+               grouped_gemm: bool = False, etp: int | None = None) -> LayerCost:
     """Compute cost of one transformer layer of ``model`` for ``micro_batch`` sequences on one
     GPU of a ``tp``-way tensor-parallel group (GEMM shapes from ``Transformer.layer_gemms``:
     Megatron-LM's column- then row-parallel split, Shoeybi et al. 2019), in ``precision`` (a
@@ -150,7 +150,8 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
     rank's experts run as one grouped GEMM per projection (Megatron-Core ``--moe-grouped-gemm``,
     ``GroupedMLP`` / Transformer Engine's ``GroupedLinear``): one kernel over every local
     expert's rows, priced at the efficiency of their total size, instead of one GEMM per
-    expert at its own (``SequentialMLP``, Megatron-Core's default).
+    expert at its own (``SequentialMLP``, Megatron-Core's default).  ``etp``: the routed
+    experts split over ``etp`` GPUs instead of ``tp`` (``moe_linears``).
     ``cp``, ``cp_comm``: context parallelism (``labsim.context_parallel``): every op on the
     rank's ``s / cp`` tokens, attention on its share of the whole sequence's (FLOPs / cp), the
     kernel at the length it sees (a ring's ``s / cp`` blocks, the whole ``s`` otherwise)."""
@@ -177,7 +178,7 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                if g.name not in ("attn_scores", "attn_values")]
     if moe:
         linears = [x for x in linears if not x[0].startswith("mlp_")]
-        linears += moe_linears(model, tokens, tp, ep)
+        linears += moe_linears(model, tokens, tp, ep, etp)
     fwd = PassCost()
     bwd = PassCost()
 
@@ -266,26 +267,29 @@ def layer_cost(model: Transformer, micro_batch: int, gpu: GPU, *, tp: int = 1,
                      attention_fwd_s=core_f.time_s, attention_bwd_s=core_b.time_s)
 
 
-def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1
-                ) -> list[tuple[str, float, int, int, int]]:
+def moe_linears(model: Transformer, tokens: int, tp: int = 1, ep: int = 1,
+                etp: int | None = None) -> list[tuple[str, float, int, int, int]]:
     """An MoE layer's GEMMs besides attention on one GPU of a ``tp``-way group and an
     ``ep``-way expert-parallel group, as ``(name, m, n, k, count)``: the router (every token,
     ``h -> experts``), each of the rank's ``experts / ep`` routed experts' up and down
     projections on ``tokens x top_k x ep / experts`` rows (the tokens spread evenly,
     ``labsim.expert_parallel.routed_rows``), each shared expert's on every token; the
-    experts' width split over ``tp`` as a dense MLP's is (column- then row-parallel).  Each
+    experts' width split over ``tp`` as a dense MLP's is (column- then row-parallel), or, with
+    expert tensor parallelism, the routed experts' over ``etp``, each on the rows of ``etp / tp``
+    of the tokens (a rank's ``s / tp`` share, gathered over its ``etp`` group).  Each
     expert's GEMM is priced alone, at its own size's efficiency, as Megatron-Core's
     ``SequentialMLP`` runs them, unless ``layer_cost(grouped_gemm=True)`` groups them."""
     h, up = model.hidden, 2 if model.swiglu else 1
-    rows = routed_rows(model, tokens, ep)
+    etp = tp if etp is None else etp
+    rows = routed_rows(model, tokens * etp / tp, ep)
     out: list[tuple[str, float, int, int, int]] = [("router", tokens, model.experts, h, 1)]
-    for prefix, m, width, count in (("expert", rows, model.expert_ffn_hidden,
-                                     local_experts(model, ep)),
-                                    ("shared", tokens, model.shared_ffn_hidden,
-                                     model.shared_experts)):
+    for prefix, m, width, count, split in (("expert", rows, model.expert_ffn_hidden,
+                                            local_experts(model, ep), etp),
+                                           ("shared", tokens, model.shared_ffn_hidden,
+                                            model.shared_experts, tp)):
         if count:
-            out += [(f"{prefix}_up", m, up * width // tp, h, count),
-                    (f"{prefix}_down", m, h, width // tp, count)]
+            out += [(f"{prefix}_up", m, up * width // split, h, count),
+                    (f"{prefix}_down", m, h, width // split, count)]
     return out
 
 

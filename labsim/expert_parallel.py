@@ -133,10 +133,15 @@ def node_limited_loads(model: Transformer, nodes: int, ranks_per_node: float,
     return nic, intra
 
 
-def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool = False
-             ) -> None:
-    """Raise ``ValueError`` naming the fix unless ``ep`` expert-parallel ranks can hold
-    ``model``'s experts (module doc; that ``ep`` divides dp, ``labsim.Plan`` checks)."""
+def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool = False,
+             etp: int | None = None) -> None:
+    """Raise ``ValueError`` naming the fix unless ``ep`` expert-parallel ranks, each expert
+    split over ``etp`` (default ``tp``), can hold ``model``'s experts (module doc; that the
+    grid fits the GPUs, ``labsim.Plan`` checks)."""
+    etp = tp if etp is None else etp
+    if model.experts and model.expert_ffn_hidden % etp:
+        raise ValueError(f"etp={etp} does not divide {model.name}'s expert width "
+                         f"{model.expert_ffn_hidden}: choose an etp that divides it")
     if ep == 1:
         return
     if not model.experts:
@@ -191,7 +196,7 @@ def mlp_shard_params(model: Transformer, width: int, tp: int = 1) -> int:
 
 def routed_expert_params(model: Transformer, tp: int = 1, ep: int = 1) -> int:
     """The routed experts of one MoE layer on one rank: ``experts / ep`` MLPs, each split over
-    ``tp`` (0 for a dense model)."""
+    ``tp`` (the expert tensor-parallel degree; 0 for a dense model)."""
     if not model.experts:
         return 0
     return local_experts(model, ep) * mlp_shard_params(model, model.expert_ffn_hidden, tp)

@@ -182,7 +182,7 @@ def training_memory(
 
 def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0,
                  layers: int | None = None, first_layer: int | None = None,
-                 ep: int = 1) -> int:
+                 ep: int = 1, etp: int | None = None) -> int:
     """Parameters held by one tensor-parallel rank of pipeline stage ``stage``.
 
     Layers split evenly over ``pp`` stages (or ``layers`` of them on this stage, as
@@ -192,10 +192,9 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     (Shoeybi et al. 2019) the QKV, output projection, MLP matrices, column-parallel biases and
     the vocabulary are split over ``tp``; norms, row-parallel biases and position embeddings
     are replicated.  A mixture-of-experts model's MoE layers hold ``experts / ep`` experts
-    (``labsim.expert_parallel``), each split over ``tp`` as a dense MLP is, and the router
-    whole; its leading
-    dense layers are those of the stage's layers from ``first_layer`` (default: ``stage``
-    times the even share) that come before ``dense_layers``.
+    (``labsim.expert_parallel``), each split over ``etp`` (default ``tp``), and the router
+    whole; its leading dense layers are those of the stage's layers from ``first_layer``
+    (default: ``stage`` times the even share) that come before ``dense_layers``.
     """
     model.check_tp(tp)
     if not isinstance(pp, int) or pp < 1 or (layers is None and model.layers % pp):
@@ -219,7 +218,8 @@ def stage_params(model: Transformer, *, tp: int = 1, pp: int = 1, stage: int = 0
     total = n * per_layer
     if model.experts:  # the stage's MoE layers: their MLP is the experts and the router
         first = stage * (model.layers // pp) if first_layer is None else first_layer
-        experts = (routed_expert_params(model, tp, ep) + model.router_params
+        experts = (routed_expert_params(model, tp if etp is None else etp, ep)
+                   + model.router_params
                    + model.shared_experts * mlp_shard_params(model, model.shared_ffn_hidden, tp))
         total += moe_layers_of(model, n, first) * (experts - mlp_shard_params(model, f, tp))
     vocab_shard = -(-model.vocab // tp) * h
@@ -479,16 +479,16 @@ def step_memory(model: Transformer, plan: object, in_flight: int, *,
                                                kernel=cross_entropy))
     activations += transient
     n = float(sum(stage_params(model, tp=plan.tp, pp=chunks, stage=g, layers=split[g],
-                               first_layer=sum(split[:g]), ep=plan.ep)
+                               first_layer=sum(split[:g]), ep=plan.ep, etp=plan.expert_tp)
                   for g in range(0, chunks, plan.pp)))
-    # the routed experts' states shard over the expert-data-parallel group (dp cp / ep)
+    # the routed experts' states shard over the expert-data-parallel group (Plan docs)
     routed = float(sum(moe_layers_of(model, split[g], sum(split[:g]))
                        for g in range(0, chunks, plan.pp))
-                   * routed_expert_params(model, plan.tp, plan.ep))
+                   * routed_expert_params(model, plan.expert_tp, plan.ep))
     states = training_memory(n - routed, precision=prec, optimizer=plan.optimizer,
                              zero_stage=plan.zero_stage, dp=plan.gradient_ranks)
     experts = training_memory(routed, precision=prec, optimizer=plan.optimizer,
-                              zero_stage=plan.zero_stage, dp=plan.gradient_ranks // plan.ep)
+                              zero_stage=plan.zero_stage, dp=plan.expert_data_ranks)
     params = states.params + experts.params
     if plan.zero_stage == 3 and plan.gradient_ranks > 1:
         unit = max(zero3_unit_params(model, plan.tp, zero3_unit))

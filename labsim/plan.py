@@ -109,6 +109,10 @@ class Plan:
         two all-to-alls per layer forward and two in backward.  Divides ``dp`` and the experts.
     expert_imbalance: routed tokens on the busiest expert-parallel rank over the mean (1:
         balanced); the MoE layer waits for that rank.
+    etp: expert tensor parallelism (Megatron-Core's ``--expert-tensor-parallel-size``, MoE
+        parallel folding, Liu et al. 2025, arXiv:2504.14960): each routed expert split over
+        ``etp`` GPUs instead of ``tp``, its expert-parallel group ``ep`` ranks ``etp`` apart
+        inside each stage's ``tp * cp * dp`` GPUs (``ep * etp`` divides them); None: ``tp``.
     moe_grouped_gemm: each rank's experts run as one grouped GEMM per projection
         (Megatron-Core's ``--moe-grouped-gemm``); False (its default): one GEMM per expert.
     ep_node_limit: DeepSeek-V3's node-limited routing with deduplicated dispatch (DeepEP):
@@ -162,14 +166,19 @@ class Plan:
     pad_to_capacity: bool = False
     ep_node_limit: int | None = None
     moe_grouped_gemm: bool = False
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "ep", "cp"):
             object.__setattr__(self, name, _whole(name, getattr(self, name)))
-        if self.dp % self.ep:
-            raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: the expert-parallel "
-                             "group is made of data-parallel ranks (Megatron-Core); choose ep "
-                             "dividing dp")
+        if self.etp is not None:
+            object.__setattr__(self, "etp", _whole("etp", self.etp))
+        if (self.tp * self.cp * self.dp) % (self.ep * self.expert_tp):
+            raise ValueError(
+                f"ep={self.ep} x etp={self.expert_tp} does not divide tp x cp x dp = "
+                f"{self.tp * self.cp * self.dp}: the experts' grid (etp x ep x the rest) is "
+                "laid over each stage's GPUs (Megatron-Core's MoE parallel folding); choose ep "
+                "dividing dp" + (" or a smaller etp" if self.expert_tp > 1 else ""))
         object.__setattr__(self, "expert_imbalance", check_imbalance(self.expert_imbalance))
         object.__setattr__(self, "capacity_factor",
                            check_capacity(self.capacity_factor, self.pad_to_capacity))
@@ -351,6 +360,17 @@ class Plan:
         return training_precision(self.precision)
 
     @property
+    def expert_tp(self) -> int:
+        """GPUs each routed expert is split over: ``etp``, or ``tp`` when it is None."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_data_ranks(self) -> int:
+        """GPUs that hold the same experts and reduce their gradients: ``tp cp dp / (ep
+        etp)`` (``dp cp / ep`` with ``etp = tp``)."""
+        return self.tp * self.gradient_ranks // (self.ep * self.expert_tp)
+
+    @property
     def expert_load(self) -> float:
         """The busiest expert-parallel rank's routed rows over the balanced mean, after the
         capacity factor drops or pads them (``labsim.expert_parallel.expert_load``)."""
@@ -377,7 +397,8 @@ class Plan:
             raise ValueError(f"capacity_factor={self.capacity_factor:g} caps the tokens of each "
                              f"expert; {name} is dense: leave capacity_factor None")
         if getattr(model, "experts", 0) or self.ep > 1:
-            check_ep(model, self.ep, self.tp, self.sequence_parallel)  # type: ignore[arg-type]
+            check_ep(model, self.ep, self.tp, self.sequence_parallel,  # type: ignore[arg-type]
+                     self.expert_tp)
         heads = int(model.heads)
         kv_heads = int(getattr(model, "kv_heads", None) or heads)
         layers = int(model.layers)

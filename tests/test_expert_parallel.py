@@ -270,3 +270,33 @@ def test_expert_gradients_are_reduced_over_the_expert_data_parallel_ranks_only()
     dense = (step_costs(DEEPSEEK, cluster, plan).chunks[0].params
              - 27 * expert_parallel.routed_expert_params(DEEPSEEK))
     assert carried(DEEPSEEK, plan) == pytest.approx(2 * dense, rel=1e-6)
+
+
+def test_expert_tensor_parallelism_folds_the_experts_onto_their_own_grid() -> None:
+    cluster = labsim.dgx_h100(8)
+
+    def plan(**kw: object) -> Plan:
+        return Plan(dp=8, tp=2, pp=4, sequence_parallel=True, global_batch=256, zero_stage=1,
+                    software="megatron-core-te", **kw)
+
+    with pytest.raises(ValueError, match="ep=8 x etp=4 does not divide tp x cp x dp = 16"):
+        plan(ep=8, etp=4)
+    with pytest.raises(ValueError, match="etp=3 does not divide"):
+        plan(ep=1, etp=3).validate_for(MIXTRAL)
+    assert plan(ep=8).expert_tp == 2 and plan(ep=8, etp=1).expert_data_ranks == 2
+    folded, plain = plan(ep=8, etp=1), plan(ep=8)
+    # EP 8 one GPU apart stays in a node; two apart (etp = tp) it spans two
+    groups = [step_costs(MIXTRAL, cluster, p).chunks[0].inline[0].placed.cost.group
+              for p in (folded, plain)]
+    assert (groups[0].nnodes, groups[1].nnodes) == (1, 2)
+    # each rank's one expert whole instead of half of it; the routed rows halve to match
+    assert (stage_params(MIXTRAL, tp=2, pp=4, ep=8, etp=1)
+            - stage_params(MIXTRAL, tp=2, pp=4, ep=8)) == 8 * MIXTRAL.expert_params // 2
+    rows = {n: (m, nn) for n, m, nn, _, _ in moe_linears(MIXTRAL, 4096, tp=2, ep=8, etp=1)}
+    assert rows["expert_up"] == (4096 * 2 * 8 / 8 / 2, 2 * 14336)
+    assert layer_cost(MIXTRAL, 1, H100, tp=2, moe=True, ep=8, etp=1).model_flops == \
+        layer_cost(MIXTRAL, 1, H100, tp=2, moe=True, ep=8).model_flops
+    times = [labsim.estimate_step(MIXTRAL, cluster, p).step_time_s for p in (folded, plain)]
+    assert times[0] < times[1]
+    assert labsim.simulate_step(MIXTRAL, cluster, folded).step_time_s == pytest.approx(
+        times[0], rel=0.01)

@@ -230,25 +230,25 @@ def _reduced_params(model: Transformer, plan: Plan, cluster: Cluster, chunks: li
     """Per chunk, the parameters whose gradients its data-parallel buckets (and ZeRO-1/2's
     parameter all-gather) carry, in the dp group's terms.  With expert parallelism a rank
     holds ``experts / ep`` of each MoE layer's routed experts, and Megatron-Core reduces their
-    gradients over the ``dp cp / ep`` expert-data-parallel ranks (``expert_data_parallel``
+    gradients over the ``tp cp dp / (ep etp)`` expert-data-parallel ranks (``expert_data_parallel``
     groups of ``parallel_state``): those enter at what a bucket costs there against the dp
     group (NCCL's model, one bucket on each), nothing where the group is one rank; every
-    other parameter as it is.  The optimizer steps every expert either way (``experts /
-    dp`` of them per rank), so it keeps ``ChunkCost.params``."""
+    other parameter as it is.  The optimizer steps the same share of the experts either way
+    (``experts / (tp cp dp)`` per rank), so it keeps ``ChunkCost.params``."""
     if plan.ep == 1 or not model.experts:
         return [ch.params for ch in chunks]
-    edp = plan.gradient_ranks // plan.ep
+    edp = plan.expert_data_ranks
     ratio = 0.0
     if edp > 1:
         nbytes = round(plan.bucket_bytes)
         dense = plan_collective(op, nbytes, strided_group(cluster, plan.gradient_ranks,
                                                           plan.tp), algorithm)
-        expert = plan_collective(op, nbytes, strided_group(cluster, edp, plan.tp * plan.ep),
-                                 algorithm)
+        expert = plan_collective(op, nbytes, strided_group(
+            cluster, edp, plan.expert_tp * plan.ep), algorithm)
         ratio = expert.time_s / dense.time_s
     split = plan.chunk_layers(model.layers)
-    every, mine = routed_expert_params(model, plan.tp), routed_expert_params(model, plan.tp,
-                                                                              plan.ep)
+    every = routed_expert_params(model, plan.tp)  # in ChunkCost.params, as the optimizer
+    mine = routed_expert_params(model, plan.expert_tp, plan.ep)  # steps them
     return [ch.params - moe_layers_of(model, split[g], sum(split[:g])) * (every - mine * ratio)
             for g, ch in enumerate(chunks)]
 
@@ -383,7 +383,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
             sustained=su, flash_kernel=soft.flash_kernel,
             recompute_early_stop=soft.recompute_early_stop, fp8=plan.fp8, moe=moe,
             ep=plan.ep, expert_imbalance=plan.expert_load, cp=plan.cp,
-            cp_comm=plan.cp_comm, grouped_gemm=plan.moe_grouped_gemm)
+            cp_comm=plan.cp_comm, grouped_gemm=plan.moe_grouped_gemm, etp=plan.expert_tp)
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
     lc = layer(True if model.experts else None)

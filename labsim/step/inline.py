@@ -70,7 +70,8 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
             plan.tp if plan.sequence_parallel else 1)
         nbytes = round(expert_parallel.dispatch_bytes(
             model, tokens, plan.ep, plan.bytes_per_element, plan.expert_load))
-        cost = plan_collective("alltoall", nbytes, strided_group(cluster, plan.ep, plan.tp))
+        cost = plan_collective("alltoall", nbytes, strided_group(cluster, plan.ep,
+                                                                 plan.expert_tp))
         if plan.ep_node_limit is not None and cost.group.nnodes > 1:
             g = cost.group
             nic, intra = expert_parallel.node_limited_loads(model, g.nnodes, g.nranks / g.nnodes,
