@@ -147,6 +147,7 @@ def summary(result: StepResult, model: Transformer, cluster: Cluster) -> str:
         + (f", cp={p.cp} ({p.cp_comm})" if p.cp > 1 else "")
         + (f", ep={p.ep}" + (f" (busiest rank x{p.expert_imbalance:g})"
                              if p.expert_imbalance != 1 else "")
+           + (f", experts split over etp={p.etp}" if p.etp is not None else "")
            + (f", at most {p.ep_node_limit} nodes a token" if p.ep_node_limit else "")
            + (", all-to-alls overlapped" if p.ep_overlap else "") if p.ep > 1 else "")
         + ("" if p.capacity_factor is None else
