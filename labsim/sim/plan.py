@@ -58,7 +58,8 @@ REASONS = {
     "ZeRO-2/3 with pipeline parallelism": "DeepSpeed's pipeline engine refuses it",
     "ZeRO-3 with mixture-of-experts layers": "labsim gathers ZeRO-3 units of dense layers only",
     "leading dense layers beyond the first chunk": "labsim prices them in the first chunk",
-    "ep does not divide dp and the experts": "EP ranks are DP ranks holding whole experts",
+    "ep x etp does not divide the stage's GPUs, or ep the experts":
+        "the experts' grid (etp x ep) folds into tp x cp x dp; each rank holds whole experts",
     "EP with TP but no sequence parallelism": "Megatron-Core requires it for MoE with TP",
     "2 x cp does not split the sequence": "the load-balanced causal split needs 2 cp chunks",
     "a2a: cp does not split the heads": "Ulysses splits each TP rank's heads over cp",
@@ -276,8 +277,8 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
         if model.dense_layers > counted // (pp * v) - bool(
                 spec.get("account_for_embedding_in_pipeline_split")):
             return "leading dense layers beyond the first chunk"
-    if dp % ep or (model.experts or 1) % ep:
-        return "ep does not divide dp and the experts"
+    if (tp * cp * dp) % (ep * (spec.get("etp") or tp)) or (model.experts or 1) % ep:
+        return "ep x etp does not divide the stage's GPUs, or ep the experts"
     if ep > 1 and tp > 1 and not spec.get("sequence_parallel"):
         return "EP with TP but no sequence parallelism"
     return None
