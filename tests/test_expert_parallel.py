@@ -300,3 +300,25 @@ def test_expert_tensor_parallelism_folds_the_experts_onto_their_own_grid() -> No
     assert times[0] < times[1]
     assert labsim.simulate_step(MIXTRAL, cluster, folded).step_time_s == pytest.approx(
         times[0], rel=0.01)
+
+
+def test_tensor_parallel_experts_gather_their_routed_rows_over_their_own_group() -> None:
+    cluster = labsim.dgx_h100(8)
+
+    def plan(**kw: object) -> Plan:
+        return Plan(dp=8, tp=2, pp=4, sequence_parallel=True, global_batch=256, zero_stage=1,
+                    software="megatron-core-te", ep=8, **kw)
+
+    split = step_costs(MIXTRAL, cluster, plan()).chunks[0]
+    gather, scatter = split.inline[1:]  # after the all-to-all
+    assert (gather.placed.cost.op, scatter.placed.cost.op) == ("allgather", "reduce_scatter")
+    # the rank's 4096 / 2 tokens, 2 copies each, from both ranks of the group, 2 bytes each
+    assert gather.placed.nbytes == 2 * 4096 // 2 * 2 * 4096 * 2
+    assert (gather.fwd, gather.bwd) == (8, 8)  # once a MoE layer each way
+    assert split.tp_fwd == 8 * 2  # the attention's two; the MLP's are the experts' now
+    whole = step_costs(MIXTRAL, cluster, plan(etp=1)).chunks[0]
+    assert len(whole.inline) == 1 and whole.tp_fwd == 8 * 2  # experts whole: no gather
+    shared = step_costs(DEEPSEEK, cluster, Plan(
+        dp=16, tp=2, pp=2, sequence_parallel=True, global_batch=64, ep=8,
+        software="megatron-core-te")).chunks[1]
+    assert shared.tp_fwd == 14 * 4  # shared experts keep the MLP's TP collectives

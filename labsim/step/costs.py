@@ -423,10 +423,15 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
     # neighbouring data-parallel ranks, carrying the rank's tokens (its s / tp share with
     # sequence parallelism); their seconds alone join the chunk's work
     layer_inline = per_layer(model, plan, cluster, net, lc)
+    # an MoE layer under sequence parallelism gathers its routed rows over the experts' own
+    # TP group (``inline.expert_tp_collectives``) instead of its MLP's TP collectives, which
+    # only its shared experts run (Megatron-Core: they follow the attention's parallelism)
+    routed_only = bool(model.experts and plan.sequence_parallel and not model.shared_experts)
     out = []
     for g in range(n_chunks):
         figure = figures[g if g in (0, n_chunks - 1) else 1]
-        tp_fwd = calls * figure[0]
+        moe = moe_layers_of(model, split[g], sum(split[:g])) if routed_only else 0
+        tp_fwd = calls * figure[0] - calls // 2 * moe
         rec = tp_fwd if plan.recompute == "full" else 0
         tp = tp_place(tp_op, tp_bytes, g % plan.pp) if plan.tp > 1 else None
         ch = ChunkCost(*figure, tp, tp_fwd, tp_fwd + rec)

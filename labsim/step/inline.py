@@ -84,10 +84,29 @@ def per_layer(model: Transformer, plan: Plan, cluster: Cluster, net: FoldedNetwo
             shown = shown_share(lc.forward.time_s + lc.backward.time_s,  # another
                                 (f + b) * placed.alone_s) if plan.ep_overlap else 1.0  # layer
             out.setdefault(s, []).append((placed, f * shown, b * shown, True))
+    if model.experts and plan.sequence_parallel and plan.expert_tp > 1:
+        for s in range(plan.pp):
+            out.setdefault(s, []).extend(expert_tp_collectives(model, plan, cluster, net, s))
     if plan.cp > 1:
         for s, entries in _context_parallel(model, plan, cluster, net, lc).items():
             out.setdefault(s, []).extend(entries)
     return out
+
+
+def expert_tp_collectives(model: Transformer, plan: Plan, cluster: Cluster,
+                          net: FoldedNetwork, stage: int) -> list[LayerInline]:
+    """An MoE layer's collectives over the experts' tensor-parallel group (``etp`` ranks),
+    as Megatron-Core's all-to-all dispatcher runs them under sequence parallelism: after the
+    dispatch the routed rows a rank received are all-gathered over the group (each rank's
+    ``s / tp`` tokens, ``top_k`` copies each, ``etp`` ranks' worth), and the experts' outputs
+    reduce-scattered back before the combine (``gather_from_sequence_parallel_region`` and
+    ``reduce_scatter_to_sequence_parallel_region`` on the expert TP group); the reverse in
+    backward.  Blocking, as the dispatcher waits for them."""
+    rows = plan.micro_batch * model.seq_len / plan.cp / plan.tp * model.top_k * plan.expert_load
+    nbytes = round(plan.expert_tp * rows * model.hidden * plan.bytes_per_element)
+    group = strided_group(cluster, plan.expert_tp, 1)
+    return [(net.place(plan_collective(op, nbytes, group), stage), 1.0, 1.0, True)
+            for op in ("allgather", "reduce_scatter")]
 
 
 def of_chunk(model: Transformer, plan: Plan, layer: list[LayerInline], layers: int,
