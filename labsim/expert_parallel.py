@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from labsim.moe import moe_layers_in
 from labsim.workload import Transformer
 
 
@@ -203,8 +204,6 @@ def routed_expert_params(model: Transformer, tp: int = 1, ep: int = 1) -> int:
 
 
 def moe_layers_of(model: Transformer, layers: int, first_layer: int) -> int:
-    """MoE layers among ``layers`` layers from ``first_layer``: all but the leading
-    ``dense_layers`` of the model (0 for a dense model)."""
-    if not model.experts:
-        return 0
-    return layers - max(0, min(first_layer + layers, model.dense_layers) - first_layer)
+    """MoE layers among ``layers`` layers from ``first_layer``: those after the model's
+    ``dense_layers`` that ``moe_every`` picks (``labsim.moe``; 0 for a dense model)."""
+    return moe_layers_in(model, layers, first_layer)

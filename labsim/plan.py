@@ -413,6 +413,11 @@ class Plan:
                 f"are split or replicated evenly"
             )
         split = self.chunk_layers(layers)
+        every = getattr(model, "moe_every", 1) if getattr(model, "experts", 0) else 1
+        if any(n % every for n in split):
+            raise ValueError(f"{name} alternates dense and MoE layers (moe_every={every}): "
+                             f"every pipeline chunk must hold a multiple of {every} layers, "
+                             f"not {split[:4]}...; choose pp and virtual stages so")
         if getattr(model, "experts", 0) and model.dense_layers > split[0]:
             raise ValueError(f"{name}'s {model.dense_layers} leading dense layers do not fit "
                              f"in the first of {len(split)} pipeline chunks ({split[0]} "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from labsim.gemm import Gemm
+from labsim.moe import check_experts, moe_layers_in
 
 POSITIONS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
@@ -52,7 +53,8 @@ class Transformer:
     model), ``top_k`` of them per token, ``expert_ffn_hidden`` their width (default
     ``ffn_hidden``), ``shared_experts`` always-on experts of width ``shared_ffn_hidden``
     (default ``expert_ffn_hidden``), ``dense_layers`` leading layers with a dense MLP of width
-    ``ffn_hidden`` (DeepSeek's ``first_k_dense_replace``).
+    ``ffn_hidden`` (DeepSeek's ``first_k_dense_replace``), then an MoE layer every
+    ``moe_every`` layers, dense ones between (``labsim.moe``; Llama 4 Maverick: 2).
     """
 
     layers: int
@@ -75,6 +77,7 @@ class Transformer:
     shared_experts: int = 0
     shared_ffn_hidden: int | None = None
     dense_layers: int = 0
+    moe_every: int = 1
 
     def __post_init__(self) -> None:
         for field_name in ("layers", "hidden", "heads", "seq_len", "vocab"):
@@ -99,7 +102,7 @@ class Transformer:
                 f"kv_heads={self.kv_heads} does not divide heads={self.heads}; grouped-query "
                 "attention needs heads to be a multiple of kv_heads"
             )
-        _check_experts(self)
+        check_experts(self)
         if self.positions not in POSITIONS:
             raise ValueError(f"positions={self.positions!r}; use one of {POSITIONS}")
         if self.norm not in NORMS:
@@ -172,7 +175,7 @@ class Transformer:
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (0 for a dense model)."""
-        return self.layers - self.dense_layers if self.experts else 0
+        return moe_layers_in(self, self.layers)
 
     @property
     def expert_params(self) -> int:
@@ -383,34 +386,6 @@ class Transformer:
         )
 
 
-def _check_experts(model: Transformer) -> None:
-    """Check a model's mixture-of-experts fields (``Transformer`` doc); default the widths."""
-    for name in ("experts", "top_k", "shared_experts", "dense_layers"):
-        value = getattr(model, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if not model.experts:
-        if model.top_k or model.shared_experts or model.dense_layers or (
-                model.expert_ffn_hidden is not None or model.shared_ffn_hidden is not None):
-            raise ValueError("top_k, shared_experts, dense_layers and the expert widths "
-                             "describe MoE layers: set experts (the routed experts per "
-                             "layer) too, or leave them out for a dense model")
-        return
-    if not 1 <= model.top_k <= model.experts:
-        raise ValueError(f"top_k={model.top_k}: each token goes to 1 to experts="
-                         f"{model.experts} routed experts; set top_k in that range")
-    if model.dense_layers >= model.layers:
-        raise ValueError(f"dense_layers={model.dense_layers} leaves no MoE layer of "
-                         f"layers={model.layers}; use fewer dense layers or experts=0")
-    for name, default in (("expert_ffn_hidden", model.ffn_hidden),
-                          ("shared_ffn_hidden", model.expert_ffn_hidden or model.ffn_hidden)):
-        if getattr(model, name) is None:
-            object.__setattr__(model, name, default)
-        value = getattr(model, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _positive(name: str, value: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -492,5 +467,11 @@ _MOE_PRESETS = (
     # (8192-token chunks on three layers of four) equals full attention up to 8192 tokens.
     replace(_llama("llama4-scout-17b-16e", 48, 5120, 40, 8192, 8192, kv_heads=8),
             vocab=202048, experts=16, top_k=1, shared_experts=1),
+    # Llama 4 Maverick (Meta, April 2025; HF config meta-llama/Llama-4-Maverick-17B-128E
+    # text_config: Scout's shapes with 128 experts, interleave_moe_layer_step 2, dense layers of
+    # intermediate_size_mlp 16384): "17B active, 400B total" (with the vision encoder).
+    replace(_llama("llama4-maverick-17b-128e", 48, 5120, 40, 16384, 8192, kv_heads=8),
+            vocab=202048, experts=128, top_k=1, expert_ffn_hidden=8192, shared_experts=1,
+            moe_every=2),
 )
 PRESETS = MappingProxyType({m.name: m for m in _PRESETS + _MOE_PRESETS})

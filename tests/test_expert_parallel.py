@@ -322,3 +322,22 @@ def test_tensor_parallel_experts_gather_their_routed_rows_over_their_own_group()
         dp=16, tp=2, pp=2, sequence_parallel=True, global_batch=64, ep=8,
         software="megatron-core-te")).chunks[1]
     assert shared.tp_fwd == 14 * 4  # shared experts keep the MLP's TP collectives
+
+
+def test_alternating_dense_and_moe_layers_are_priced_chunk_by_chunk() -> None:
+    from labsim.sim.plan import refusal
+    maverick = Transformer.preset("llama4-maverick-17b-128e")
+    with pytest.raises(ValueError, match="multiple of 2 layers"):
+        Plan(dp=4, pp=16, global_batch=64).validate_for(maverick)
+    assert refusal(dict(dp=4, pp=16, global_batch=64), maverick) == \
+        "dense and MoE layers alternate across a chunk boundary"
+    assert refusal(dict(dp=8, pp=8, global_batch=64), maverick) is None
+    cluster = labsim.dgx_h100(8)
+    plan = Plan(dp=8, pp=8, ep=8, global_batch=64, zero_stage=1, software="megatron-core-te")
+    c = step_costs(maverick, cluster, plan)
+    (a2a,) = c.chunks[1].inline
+    assert a2a.fwd == 2 * 3  # 6 layers a chunk, 3 of them MoE
+    dense = layer_cost(maverick, 1, H100, moe=False, sustained=c.sustained)
+    moe = layer_cost(maverick, 1, H100, moe=True, ep=8, sustained=c.sustained)
+    alone = 3 * dense.forward.time_s + 3 * moe.forward.time_s + a2a.seconds(True)
+    assert alone <= c.chunks[1].t_fwd < 1.05 * alone  # (+ the overlapped gather's slowdown)

@@ -58,6 +58,8 @@ REASONS = {
     "ZeRO-2/3 with pipeline parallelism": "DeepSpeed's pipeline engine refuses it",
     "ZeRO-3 with mixture-of-experts layers": "labsim gathers ZeRO-3 units of dense layers only",
     "leading dense layers beyond the first chunk": "labsim prices them in the first chunk",
+    "dense and MoE layers alternate across a chunk boundary":
+        "with moe_every > 1 every chunk holds a multiple of it",
     "ep x etp does not divide the stage's GPUs, or ep the experts":
         "the experts' grid (etp x ep) folds into tp x cp x dp; each rank holds whole experts",
     "EP with TP but no sequence parallelism": "Megatron-Core requires it for MoE with TP",
@@ -274,6 +276,9 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
     if model.experts:
         if spec.get("zero_stage", 0) == 3:
             return "ZeRO-3 with mixture-of-experts layers"
+        if (counted // (pp * v)) % model.moe_every or counted > model.layers and (
+                model.moe_every > 1):  # an end chunk a layer short
+            return "dense and MoE layers alternate across a chunk boundary"
         if model.dense_layers > counted // (pp * v) - bool(
                 spec.get("account_for_embedding_in_pipeline_split")):
             return "leading dense layers beyond the first chunk"

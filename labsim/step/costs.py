@@ -387,7 +387,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
 
     # a mixture-of-experts model: MoE layers, and its leading dense layers in the first chunk
     lc = layer(True if model.experts else None)
-    dense = layer(False) if model.dense_layers else lc
+    dense = layer(False) if model.experts and model.moe_layers < model.layers else lc
     head_f, head_b = compute.logits_cost(local_model(model, plan.cp), plan.micro_batch, gpu,
                                           tp=plan.tp, precision=plan.numerics, sustained=su)
     n_chunks = plan.pp * plan.virtual_stages
@@ -403,7 +403,7 @@ def _chunks(model: Transformer, plan: Plan, gpu: GPU, su: float, cluster: Cluste
                                                               compute.PassCost())
         n = split[end]
         first = sum(split[:end])
-        d = max(0, min(first + n, model.dense_layers) - first)  # dense layers of this chunk
+        d = n - moe_layers_of(model, n, first) if model.experts else 0  # its dense layers
         params = float(stage_params(model, tp=plan.tp, pp=n_chunks, stage=end, layers=n,
                                     first_layer=first))
         # the profile's pass adding each micro-batch's gradient into the accumulated one (ZeRO-2
