@@ -143,6 +143,10 @@ def check_ep(model: Transformer, ep: int, tp: int = 1, sequence_parallel: bool =
     if model.experts and model.expert_ffn_hidden % etp:
         raise ValueError(f"etp={etp} does not divide {model.name}'s expert width "
                          f"{model.expert_ffn_hidden}: choose an etp that divides it")
+    if etp != tp and tp > 1 and not sequence_parallel:
+        raise ValueError(f"etp={etp} with tp={tp} needs sequence_parallel=True: the experts' "
+                         "grid takes each rank's s / tp tokens (Megatron-Core's MoE parallel "
+                         "folding); or leave etp None")
     if ep == 1:
         return
     if not model.experts:

@@ -119,6 +119,8 @@ def test_the_planner_searches_ep_and_names_why_it_drops_a_layout() -> None:
     assert {s["ep"] for s in specs} == {1, 2, 4, 8}
     assert refusal(dict(dp=8, tp=8, ep=2, sequence_parallel=False), MIXTRAL) == \
         "EP with TP but no sequence parallelism"
+    assert refusal(dict(dp=8, tp=8, etp=1, sequence_parallel=False), MIXTRAL) == \
+        "EP with TP but no sequence parallelism"  # experts folded off the TP grid too
     assert refusal(dict(dp=64, zero_stage=3), MIXTRAL) == \
         "ZeRO-3 with mixture-of-experts layers"
     assert refusal(dict(dp=8, pp=14), dataclasses.replace(DEEPSEEK, dense_layers=3)) == \
@@ -283,6 +285,8 @@ def test_expert_tensor_parallelism_folds_the_experts_onto_their_own_grid() -> No
         plan(ep=8, etp=4)
     with pytest.raises(ValueError, match="etp=3 does not divide"):
         plan(ep=1, etp=3).validate_for(MIXTRAL)
+    with pytest.raises(ValueError, match="etp=1 with tp=2 needs sequence_parallel=True"):
+        Plan(dp=8, tp=2, pp=4, global_batch=256, etp=1).validate_for(MIXTRAL)
     assert plan(ep=8).expert_tp == 2 and plan(ep=8, etp=1).expert_data_ranks == 2
     folded, plain = plan(ep=8, etp=1), plan(ep=8)
     # EP 8 one GPU apart stays in a node; two apart (etp = tp) it spans two

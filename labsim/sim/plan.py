@@ -284,7 +284,8 @@ def refusal(spec: dict[str, Any], model: Transformer) -> str | None:
             return "leading dense layers beyond the first chunk"
     if (tp * cp * dp) % (ep * (spec.get("etp") or tp)) or (model.experts or 1) % ep:
         return "ep x etp does not divide the stage's GPUs, or ep the experts"
-    if ep > 1 and tp > 1 and not spec.get("sequence_parallel"):
+    if (ep > 1 or (spec.get("etp") or tp) != tp) and tp > 1 and not spec.get(
+            "sequence_parallel"):  # the experts' grid takes each rank's s / tp tokens
         return "EP with TP but no sequence parallelism"
     return None
 
