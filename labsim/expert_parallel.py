@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 import numbers
 
-from labsim.moe import moe_layers_in
 from labsim.workload import Transformer
 
 
@@ -123,13 +122,11 @@ def node_limited_loads(model: Transformer, nodes: int, ranks_per_node: float,
     which forwards each copy over NVLink to the GPU holding its expert (``(ppn - 1) / ppn`` of
     them need that hop), besides the copies for the token's own node, as before."""
     k, ppn, n = model.top_k, ranks_per_node, nodes * ranks_per_node
-    reach, per = min(limit, nodes), model.experts // nodes
-    if k > reach * per:
-        raise ValueError(f"ep_node_limit={limit}: {model.name}'s {k} experts a token cannot "
-                         f"lie on {reach} nodes of {per} experts each; raise ep_node_limit "
-                         f"to at least {math.ceil(k / per)}")
-    plain = k * (1 - 1 / nodes)
-    nic = offnode_copies(model.experts, k, nodes, limit) / plain
+    try:
+        nic = offnode_copies(model.experts, k, nodes, limit) / (k * (1 - 1 / nodes))
+    except ValueError as exc:
+        raise ValueError(f"ep_node_limit={limit} for {model.name}: {exc}; raise ep_node_limit "
+                         f"to at least {math.ceil(k / (model.experts // nodes))}") from None
     intra = (ppn - 1) / n + (n - ppn) / n * (ppn - 1) / ppn
     return nic, intra
 
@@ -182,6 +179,13 @@ def dispatch_bytes(model: Transformer, tokens: float, ep: int, bytes_per_element
     expert parallelism."""
     if ep == 1:
         return 0.0
+    return routed_bytes(model, tokens, bytes_per_element, imbalance)
+
+
+def routed_bytes(model: Transformer, tokens: float, bytes_per_element: float,
+                 imbalance: float = 1.0) -> float:
+    """The routed copies of ``tokens`` tokens (``top_k`` rows of ``h`` elements each), on a
+    rank that receives ``imbalance`` times the mean."""
     return tokens * model.top_k * model.hidden * bytes_per_element * imbalance
 
 
@@ -205,9 +209,3 @@ def routed_expert_params(model: Transformer, tp: int = 1, ep: int = 1) -> int:
     if not model.experts:
         return 0
     return local_experts(model, ep) * mlp_shard_params(model, model.expert_ffn_hidden, tp)
-
-
-def moe_layers_of(model: Transformer, layers: int, first_layer: int) -> int:
-    """MoE layers among ``layers`` layers from ``first_layer``: those after the model's
-    ``dense_layers`` that ``moe_every`` picks (``labsim.moe``; 0 for a dense model)."""
-    return moe_layers_in(model, layers, first_layer)

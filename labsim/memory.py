@@ -46,10 +46,10 @@ from labsim.expert_parallel import (
     check_imbalance,
     check_moe_layer,
     mlp_shard_params,
-    moe_layers_of,
     routed_expert_params,
 )
 from labsim.loss import loss_memory
+from labsim.moe import moe_layers_of
 from labsim.op_sac import op_sac_per_layer
 from labsim.pipeline import in_flight_peak
 from labsim.precision import PRECISIONS as PRECISION_TABLE

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def moe_layers_in(model: Any, layers: int, first_layer: int = 0) -> int:
+def moe_layers_of(model: Any, layers: int, first_layer: int = 0) -> int:
     """MoE layers among ``layers`` layers from ``first_layer`` (0 for a dense model)."""
     if not model.experts:
         return 0
@@ -45,7 +45,7 @@ def check_experts(model: Any) -> None:
     if not 1 <= model.top_k <= model.experts:
         raise ValueError(f"top_k={model.top_k}: each token goes to 1 to experts="
                          f"{model.experts} routed experts; set top_k in that range")
-    if moe_layers_in(model, model.layers) == 0:
+    if moe_layers_of(model, model.layers) == 0:
         raise ValueError(f"dense_layers={model.dense_layers} with moe_every={every} leaves no MoE "
                          f"layer of layers={model.layers}; use fewer dense layers or experts=0")
     for name, default in (("expert_ffn_hidden", model.ffn_hidden),

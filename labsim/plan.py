@@ -393,9 +393,10 @@ class Plan:
                              "model gathers ZeRO-3 units of dense layers only; use zero_stage "
                              "<= 2")
         check_cp(model, self.cp, self.cp_comm, self.tp, self.attention)  # type: ignore[arg-type]
-        if self.capacity_factor is not None and not getattr(model, "experts", 0):
-            raise ValueError(f"capacity_factor={self.capacity_factor:g} caps the tokens of each "
-                             f"expert; {name} is dense: leave capacity_factor None")
+        for field, value in (("capacity_factor", self.capacity_factor), ("etp", self.etp)):
+            if value is not None and not getattr(model, "experts", 0):
+                raise ValueError(f"{field}={value:g} is about experts; {name} is dense: leave "
+                                 f"{field} None")
         if getattr(model, "experts", 0) or self.ep > 1:
             check_ep(model, self.ep, self.tp, self.sequence_parallel,  # type: ignore[arg-type]
                      self.expert_tp)

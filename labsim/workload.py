@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from labsim.gemm import Gemm
-from labsim.moe import check_experts, moe_layers_in
+from labsim.moe import check_experts, moe_layers_of
 
 POSITIONS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
@@ -175,7 +175,7 @@ class Transformer:
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a mixture of experts (0 for a dense model)."""
-        return moe_layers_in(self, self.layers)
+        return moe_layers_of(self, self.layers)
 
     @property
     def expert_params(self) -> int:

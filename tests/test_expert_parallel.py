@@ -285,6 +285,8 @@ def test_expert_tensor_parallelism_folds_the_experts_onto_their_own_grid() -> No
         plan(ep=8, etp=4)
     with pytest.raises(ValueError, match="etp=3 does not divide"):
         plan(ep=1, etp=3).validate_for(MIXTRAL)
+    with pytest.raises(ValueError, match="etp=2 is about experts; gpt3-175b is dense"):
+        Plan(dp=8, tp=2, etp=2).validate_for(Transformer.preset("gpt3-175b"))
     with pytest.raises(ValueError, match="etp=1 with tp=2 needs sequence_parallel=True"):
         Plan(dp=8, tp=2, pp=4, global_batch=256, etp=1).validate_for(MIXTRAL)
     assert plan(ep=8).expert_tp == 2 and plan(ep=8, etp=1).expert_data_ranks == 2

@@ -254,16 +254,16 @@ def test_bad_moe_fields_name_the_fix(fields: dict, match: str) -> None:
 def test_llama4_maverick_alternates_dense_and_moe_layers() -> None:
     """Meta: "17B active parameters, 128 experts, 400B total" (with the vision encoder);
     Hugging Face's config puts the MoE layers at 1, 3, 5, ... (interleave_moe_layer_step 2)."""
-    from labsim.moe import moe_layers_in
+    from labsim.moe import moe_layers_of
     m = Transformer.preset("llama4-maverick-17b-128e")
-    assert m.moe_layers == 24 and [moe_layers_in(m, 1, i) for i in range(4)] == [0, 1, 0, 1]
+    assert m.moe_layers == 24 and [moe_layers_of(m, 1, i) for i in range(4)] == [0, 1, 0, 1]
     assert m.params / 1e9 == pytest.approx(400, rel=0.005)
     assert m.active_params / 1e9 == pytest.approx(17, rel=0.015)
     dense_block = m.attention_params + m.mlp_params + 2 * m.norm_params  # a 16384-wide MLP
     assert m.params == (24 * dense_block + 24 * m.moe_params_per_layer + m.embedding_params
                         + m.output_params)  # the output's count has the final norm
     mixed = Transformer(8, 64, 4, 32, 100, experts=4, top_k=1, dense_layers=2, moe_every=3)
-    assert [moe_layers_in(mixed, 1, i) for i in range(8)] == [0, 0, 0, 0, 1, 0, 0, 1]
+    assert [moe_layers_of(mixed, 1, i) for i in range(8)] == [0, 0, 0, 0, 1, 0, 0, 1]
     with pytest.raises(ValueError, match="moe_every must be an integer >= 1"):
         Transformer(8, 64, 4, 32, 100, experts=4, top_k=1, moe_every=0)
     with pytest.raises(ValueError, match="describe MoE layers"):

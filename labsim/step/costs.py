@@ -40,9 +40,10 @@ from labsim.cluster import Cluster
 from labsim.collectives.group import Group, group_of, strided_group
 from labsim.collectives.nccl import CollectiveCost, plan_collective
 from labsim.context_parallel import local_model
-from labsim.expert_parallel import moe_layers_of, routed_expert_params
+from labsim.expert_parallel import routed_expert_params
 from labsim.hardware import GPU
 from labsim.memory import MemoryBreakdown, stage_params, step_memory, zero3_unit_params
+from labsim.moe import moe_layers_of
 from labsim.network import FoldedNetwork, Placed
 from labsim.plan import Plan
 from labsim.software import SoftwareProfile, profile

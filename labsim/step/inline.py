@@ -21,6 +21,7 @@ from labsim.cluster import Cluster
 from labsim.collectives.group import group_of, strided_group
 from labsim.collectives.nccl import plan_collective
 from labsim.compute import LayerCost
+from labsim.moe import moe_layers_of
 from labsim.network import FoldedNetwork, Placed
 from labsim.plan import Plan
 from labsim.workload import Transformer
@@ -102,8 +103,9 @@ def expert_tp_collectives(model: Transformer, plan: Plan, cluster: Cluster,
     reduce-scattered back before the combine (``gather_from_sequence_parallel_region`` and
     ``reduce_scatter_to_sequence_parallel_region`` on the expert TP group); the reverse in
     backward.  Blocking, as the dispatcher waits for them."""
-    rows = plan.micro_batch * model.seq_len / plan.cp / plan.tp * model.top_k * plan.expert_load
-    nbytes = round(plan.expert_tp * rows * model.hidden * plan.bytes_per_element)
+    tokens = plan.micro_batch * model.seq_len / plan.cp / plan.tp
+    nbytes = round(plan.expert_tp * expert_parallel.routed_bytes(
+        model, tokens, plan.bytes_per_element, plan.expert_load))
     group = strided_group(cluster, plan.expert_tp, 1)
     return [(net.place(plan_collective(op, nbytes, group), stage), 1.0, 1.0, True)
             for op in ("allgather", "reduce_scatter")]
@@ -113,7 +115,7 @@ def of_chunk(model: Transformer, plan: Plan, layer: list[LayerInline], layers: i
              first_layer: int) -> tuple[Inline, ...]:
     """A chunk's inline collectives: each layer's (the MoE ones on its MoE layers only),
     and with full recomputation the recomputed forward's in backward."""
-    moe = expert_parallel.moe_layers_of(model, layers, first_layer)
+    moe = moe_layers_of(model, layers, first_layer)
     again = plan.recompute == "full"
     out = []
     for placed, f, b, moe_only in layer:
